@@ -1,0 +1,39 @@
+# Two commands on a fresh machine:
+#   make demo   - set up (venv, dependencies) and run the main job on a built-in topology
+#   make test   - set up and run the whole test suite (fast tests + end-to-end tests)
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: setup demo test test-fast test-e2e lint bench clean
+
+$(STAMP): pyproject.toml
+	$(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q -e '.[test]'
+	touch $(STAMP)
+
+setup: $(STAMP)
+
+demo: $(STAMP)
+	$(BIN)/python -m runtime.run topologies/demo.yaml
+
+test: $(STAMP)
+	$(BIN)/python -m pytest -q
+
+test-fast: $(STAMP)
+	$(BIN)/python -m pytest -q -m "not e2e"
+
+test-e2e: $(STAMP)
+	$(BIN)/python -m pytest -q -m e2e
+
+lint: $(STAMP)
+	$(BIN)/ruff check runtime actors scripts tests
+	$(BIN)/mypy runtime
+
+bench: $(STAMP)
+	$(BIN)/python scripts/bench_routing.py
+
+clean:
+	rm -rf $(VENV) runs
