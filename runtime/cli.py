@@ -1,0 +1,56 @@
+"""Shared command-line plumbing: arguments, topology loading, exit code 2.
+
+Bad input (topology, overrides, input file) ends with one line on stderr
+naming the field and the value, exit code 2, and no traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from runtime.topology import Topology, TopologyError, load_topology
+
+EXIT_BAD_INPUT = 2
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # one line, exit 2
+        self.exit(EXIT_BAD_INPUT, f"{self.prog}: {message}\n")
+
+
+def base_parser(prog: str, description: str) -> argparse.ArgumentParser:
+    p = _Parser(prog=prog, description=description)
+    p.add_argument("topology", help="topology YAML file")
+    p.add_argument("--out", type=Path, default=None,
+                   help="output directory (default runs/<name>-<UTC timestamp>/)")
+    p.add_argument("--set", dest="overrides", action="append", default=[],
+                   metavar="KEY.PATH=VALUE", help="override a topology field (repeatable)")
+    return p
+
+
+def load_or_exit(path: str, overrides: Sequence[str], *, check_input: bool = True) -> Topology:
+    try:
+        return load_topology(path, list(overrides), check_input=check_input)
+    except TopologyError as e:
+        fail(str(e))
+
+
+def fail(message: str) -> None:
+    print(f"error: {message}", file=sys.stderr)
+    raise SystemExit(EXIT_BAD_INPUT)
+
+
+def run_main(main: Callable[[], int | None]) -> None:
+    """Run a CLI main: TopologyError -> exit 2 with one line; Ctrl-C -> 130."""
+    try:
+        code = main()
+    except TopologyError as e:
+        print(f"error: {e}", file=sys.stderr)
+        code = EXIT_BAD_INPUT
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        code = 130
+    raise SystemExit(code or 0)

@@ -1,0 +1,57 @@
+"""Metric definitions shared by both engines (names as in ALGORITHMS.md).
+
+- Utilization ``U_w(t) = L_w(t) / c_w`` (queue length over capacity).
+- Imbalance ``I(t) = max_w U_w(t) - mean_w U_w(t)``.
+- Replication = sum over workers of distinct keys held / distinct keys.
+- Latency = finish - emit time per message: mean, p50, p95, p99, max (ms).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+
+def latency_summary_ms(latencies_s: np.ndarray | Sequence[float]) -> dict[str, float]:
+    lat = np.asarray(latencies_s, dtype=np.float64) * 1e3
+    if lat.size == 0:
+        return {"mean": 0.0, "p50": 0.0, "p95": 0.0, "p99": 0.0, "max": 0.0}
+    p50, p95, p99 = np.percentile(lat, [50, 95, 99])
+    return {"mean": float(lat.mean()), "p50": float(p50), "p95": float(p95),
+            "p99": float(p99), "max": float(lat.max())}
+
+
+def imbalance(utilization: np.ndarray) -> np.ndarray:
+    """I(t) for a ``[time, worker]`` utilization matrix."""
+    u = np.asarray(utilization, dtype=np.float64)
+    if u.ndim == 1:
+        u = u[None, :]
+    if u.shape[0] == 0:
+        return np.zeros(0)
+    return u.max(axis=1) - u.mean(axis=1)
+
+
+def imbalance_summary(utilization: np.ndarray) -> dict[str, float]:
+    i = imbalance(utilization)
+    return {"mean": float(i.mean()) if i.size else 0.0, "max": float(i.max()) if i.size else 0.0}
+
+
+def normalized_count_imbalance(loads: np.ndarray) -> float:
+    """(max load - mean load) / total messages, for count-based simulations."""
+    loads = np.asarray(loads, dtype=np.float64)
+    total = loads.sum()
+    return float((loads.max() - loads.mean()) / total) if total else 0.0
+
+
+def replication(keys_per_worker: Sequence[int], distinct_keys: int) -> float:
+    """Memory cost: sum of distinct keys held per worker / distinct keys (KG = 1)."""
+    return float(sum(keys_per_worker)) / distinct_keys if distinct_keys else 0.0
+
+
+def key_worker_pairs(key_hashes: np.ndarray, workers: np.ndarray) -> np.ndarray:
+    """Distinct (key, worker) pairs as a structured array, for replication."""
+    pairs = np.empty(len(key_hashes), dtype=[("k", np.uint64), ("w", np.int32)])
+    pairs["k"] = key_hashes
+    pairs["w"] = workers
+    return np.unique(pairs)
