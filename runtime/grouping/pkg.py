@@ -1,0 +1,83 @@
+"""PKG - partial key grouping. Nasir et al., "The power of both choices:
+practical load balancing for distributed stream processing engines", ICDE 2015.
+
+Each key has two candidate workers, ``c1 = H_1(k) mod n`` and
+``c2 = H_2(k) mod n`` (forced distinct: if equal, ``c2 = (c2 + 1) mod n``, as
+Apache Storm does); a message goes to the candidate with the lower *local*
+count (what this source sent), ties to ``c1``.
+
+Guarantee: every key lives on at most two workers (exactly its two candidates,
+identical on every source), so memory is at most 2x KG. With local load
+estimation the imbalance stays close to the optimum as long as the top key's
+frequency ``p_1 <= 2/n`` (paper, section 4).
+
+Structure (Storm's ``PartialKeyGrouping``): a deterministic candidate function
+(``pkg_candidates``, module-level, the same on every machine) and a stateful
+selector (``_pkg_select``, the compiled greedy loop over local counts).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+from runtime.grouping.base import Clock, Grouping, register
+from runtime.hashing import choice_scalar
+
+
+@njit(cache=True)
+def pkg_candidates(key_hashes: np.ndarray, n_workers: int) -> tuple[np.ndarray, np.ndarray]:
+    """The two candidate workers of every key: ``(c1, c2)``, ``int32[m]`` each.
+
+    ``c1 = H_1 mod n``, ``c2 = H_2 mod n``, ``c2 = (c2 + 1) mod n`` if equal
+    (so ``c1 != c2`` whenever ``n >= 2``). Pure function of the hash.
+    """
+    m = key_hashes.shape[0]
+    c1 = np.empty(m, dtype=np.int32)
+    c2 = np.empty(m, dtype=np.int32)
+    nn = np.uint64(n_workers)
+    for i in range(m):
+        h = key_hashes[i]
+        a = np.int32(choice_scalar(h, 1) % nn)
+        b = np.int32(choice_scalar(h, 2) % nn)
+        if a == b:
+            b = np.int32((b + 1) % n_workers)
+        c1[i] = a
+        c2[i] = b
+    return c1, c2
+
+
+@njit(cache=True)
+def _pkg_select(c1: np.ndarray, c2: np.ndarray, loads: np.ndarray) -> np.ndarray:
+    """Greedy selector: the less loaded candidate, ties to ``c1``; updates ``loads``."""
+    m = c1.shape[0]
+    out = np.empty(m, dtype=np.int32)
+    for i in range(m):
+        a = c1[i]
+        b = c2[i]
+        w = b if loads[b] < loads[a] else a
+        loads[w] += 1
+        out[i] = w
+    return out
+
+
+@register
+class PartialKeyGrouping(Grouping):
+    """Partial key grouping (two choices per key, local load estimation).
+
+    No tunables. ``loads`` holds this source's per-worker message counts.
+    """
+
+    name = "pkg"
+
+    def __init__(self, n_workers: int, seed: int = 0, clock: Clock | None = None) -> None:
+        super().__init__(n_workers, seed, clock)
+        self.loads = np.zeros(self.n_workers, dtype=np.int64)
+
+    def candidates(self, key_hashes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The two candidates of each key (see ``pkg_candidates``)."""
+        return pkg_candidates(np.ascontiguousarray(key_hashes, dtype=np.uint64), self.n_workers)
+
+    def route(self, key_hashes: np.ndarray) -> np.ndarray:
+        c1, c2 = self.candidates(key_hashes)
+        return _pkg_select(c1, c2, self.loads)
