@@ -111,10 +111,10 @@ class WorkersSpec(_Strict):
                 f"workers.capacity: {over[0]} > 1 needs workers.throttle=service "
                 f"(got throttle={self.throttle!r}; duty-cycle can only slow a worker down)"
             )
-        for ch in self.changes:
+        for i, ch in enumerate(self.changes):
             if ch.worker >= self.count:
                 raise ValueError(
-                    f"workers.changes: worker {ch.worker} does not exist "
+                    f"workers.changes.{i}.worker: worker {ch.worker} does not exist "
                     f"(workers.count={self.count})"
                 )
         return self
@@ -200,11 +200,11 @@ class Topology(_Strict):
 
     @model_validator(mode="after")
     def _cross(self) -> Topology:
-        for f in self.faults:
+        for i, f in enumerate(self.faults):
             kind, _, idx = f.kill.partition("-")
             limit = self.workers.count if kind == "worker" else self.sources
             if int(idx) >= limit:
-                raise ValueError(f"faults.kill: {f.kill!r} does not exist ({kind}s: {limit})")
+                raise ValueError(f"faults.{i}.kill: {f.kill!r} does not exist ({kind}s: {limit})")
         for name in self.placement:
             kind, _, idx = name.partition("-")
             if kind != "worker" or not idx.isdigit() or int(idx) >= self.workers.count:
@@ -229,7 +229,7 @@ def _format_error(err: ValidationError) -> str:
     e = err.errors()[0]
     loc = ".".join(str(x) for x in e["loc"] if not str(x).startswith("function-after"))
     msg = e["msg"].removeprefix("Value error, ")
-    if msg.split(":", 1)[0] in _ALL_FIELD_PATHS or ":" in msg.split(" ", 1)[0]:
+    if _names_a_field(msg):
         return msg  # the validator already named the field
     got = e.get("input")
     if e["type"] == "extra_forbidden":
@@ -241,14 +241,9 @@ def _format_error(err: ValidationError) -> str:
     return f"{loc}: {msg} (got {got!r})" if loc else msg
 
 
-_ALL_FIELD_PATHS = {
-    "input.path",
-    "workers.capacity",
-    "workers.changes",
-    "faults.kill",
-    "placement",
-    "grouping.scheme",
-}
+def _names_a_field(msg: str) -> bool:
+    head = msg.split(" ", 1)[0]
+    return head.endswith(":") and head[:-1].split(".")[0] in Topology.model_fields
 
 
 def parse_override(item: str) -> tuple[list[str], Any]:
