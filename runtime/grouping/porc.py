@@ -1,0 +1,135 @@
+"""PoRC - power of random choices. Nasir et al., "Consistent Grouping for
+heterogeneous clusters" (CG paper), section 4.
+
+Messages go to ``B`` equal bins. A bin's capacity is
+``ceil((1 + eps) * m / B)`` where ``m`` counts the messages routed so far
+*including the current one* [ours: the paper says "average load"; counting the
+current message makes the bound hold after every single assignment]. A key
+tries ``H_1(k), H_2(k), ...`` mod ``B`` and takes the first bin whose load is
+below capacity, so light keys stay on their *principal* bin ``H_1(k) mod B``
+and heavy keys spill onto a few more.
+
+Guarantee: after every message, every bin's load is
+``<= ceil((1 + eps) * m / B)`` (``m`` = messages so far): imbalance bounded by
+``eps``; replication grows as ``eps`` shrinks.
+
+Termination (two lines): before the ``m``-th message the loads sum to
+``m - 1``, so the least-loaded bin holds ``<= floor((m - 1) / B) =
+ceil(m / B) - 1 < ceil((1 + eps) * m / B)``: some bin always has room. The
+probe sequence is deterministic per key; if ``PROBES_PER_BIN * B + 64`` probes
+all hit full bins (probability ``< e**-8`` even when a single bin has room),
+the key falls back to the least-loaded bin (lowest index), which has room by
+the argument above. So each message costs O(B) in the worst case.
+
+As a standalone scheme, bin ``b`` belongs to worker ``b mod n`` (``B / n``
+bins per worker when ``n`` divides ``B``, which holds for the default). CG
+reuses ``porc_assign`` over its virtual workers.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+from numba import njit
+
+from runtime.grouping.base import Clock, Grouping, register
+from runtime.hashing import choice_scalar
+
+PROBES_PER_BIN = 8
+MAX_BINS = 10_000_000
+MAX_EPS = 10.0
+
+
+@njit(cache=True)
+def porc_assign(
+    key_hashes: np.ndarray, loads: np.ndarray, m: int, eps: float, out: np.ndarray
+) -> int:  # pragma: no cover - compiled
+    """PoRC over ``loads.shape[0]`` bins: write each message's bin to ``out``.
+
+    ``loads`` (int64, per bin) is updated in place; ``m`` is the number of
+    messages routed before this batch; returns the new ``m``. Same result for
+    one batch or any split of it.
+    """
+    n_bins = loads.shape[0]
+    limit = PROBES_PER_BIN * n_bins + 64
+    for j in range(key_hashes.shape[0]):
+        h = key_hashes[j]
+        m += 1
+        cap = math.ceil((1.0 + eps) * m / n_bins)  # capacity_for(m, eps, n_bins)
+        b = np.int64(-1)
+        for i in range(1, limit + 1):
+            c = np.int64(choice_scalar(h, i) % np.uint64(n_bins))
+            if loads[c] < cap:
+                b = c
+                break
+        if b < 0:  # rare: fall back to the least-loaded bin, which has room
+            b = np.int64(0)
+            for c2 in range(1, n_bins):
+                if loads[c2] < loads[b]:
+                    b = np.int64(c2)
+        loads[b] += 1
+        out[j] = b
+    return m
+
+
+def capacity_for(m: int, eps: float, n_bins: int) -> int:
+    """Bin capacity after ``m`` messages, computed exactly as the kernel does."""
+    return math.ceil((1.0 + eps) * m / n_bins)
+
+
+def validate_eps(eps: float, name: str = "eps") -> float:
+    if not (isinstance(eps, (int, float)) and 0.0 <= eps <= MAX_EPS and math.isfinite(eps)):
+        raise ValueError(f"{name} must be in [0, {MAX_EPS}] (got {eps!r})")
+    return float(eps)
+
+
+@register
+class PowerOfRandomChoices(Grouping):
+    """PoRC grouping over ``bins`` equal bins, bin ``b`` -> worker ``b mod n``.
+
+    Tunables:
+        eps: imbalance slack, in ``[0, 10]`` (default 0.01). Smaller = tighter
+            balance, more bins per heavy key (more memory).
+        bins: number of bins ``B``, in ``[n_workers, 10_000_000]``; default
+            ``None`` = ``10 * n_workers`` (10 bins per worker, as the paper's
+            experiments).
+    """
+
+    name = "porc"
+
+    def __init__(
+        self,
+        n_workers: int,
+        seed: int = 0,
+        clock: Clock | None = None,
+        eps: float = 0.01,
+        bins: int | None = None,
+    ) -> None:
+        super().__init__(n_workers, seed, clock)
+        self.eps = validate_eps(eps)
+        n_bins = 10 * self.n_workers if bins is None else bins
+        if not (isinstance(n_bins, (int, np.integer)) and self.n_workers <= n_bins <= MAX_BINS):
+            raise ValueError(
+                f"bins must be an int in [n_workers={self.n_workers}, {MAX_BINS}] (got {bins!r})"
+            )
+        self.bins = int(n_bins)
+        self.loads = np.zeros(self.bins, dtype=np.int64)
+        self.m = 0
+
+    def route_bins(self, key_hashes: np.ndarray) -> np.ndarray:
+        """Route a micro-batch to bins (``int64``), updating the bin loads."""
+        h = np.ascontiguousarray(key_hashes, dtype=np.uint64)
+        out = np.empty(len(h), dtype=np.int64)
+        self.m = int(porc_assign(h, self.loads, self.m, self.eps, out))
+        return out
+
+    def route(self, key_hashes: np.ndarray) -> np.ndarray:
+        return (self.route_bins(key_hashes) % self.n_workers).astype(np.int32)
+
+    def stats(self) -> dict[str, Any]:
+        s = super().stats()
+        s["bins"] = self.bins
+        s["max_bin_load"] = int(self.loads.max()) if self.m else 0
+        return s
