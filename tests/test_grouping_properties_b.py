@@ -14,6 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from runtime.grouping import make_grouping
+from runtime.grouping.cg import ConsistentGrouping
 from runtime.grouping.ch import Ring
 from runtime.grouping.porc import capacity_for, porc_assign
 from runtime.hashing import choice, hash_keys
@@ -205,3 +206,116 @@ def test_porc_terminates_when_a_single_bin_has_room() -> None:
         porc_assign(np.array([h], dtype=np.uint64), loads, 9500, 0.0, out)
         assert out[0] == 500
         loads[500] = 0
+
+
+# --------------------------------------------------------------------------- CG
+
+SIGNALS = st.lists(st.tuples(st.integers(0, 5), st.sampled_from([-1, 0, 1])), max_size=200)
+
+
+def check_cg_invariants(g: ConsistentGrouping) -> None:
+    per = g.vw_per_worker()
+    assert per.sum() == g.n_virtual == g.n_workers * g.virtual_per_worker
+    assert all(per[w] >= 1 for w in g._alive)
+    for w, vws in enumerate(g._owned):  # table and per-worker lists agree
+        assert np.all(g.vw_owner[vws] == w) and len(vws) == per[w]
+    assert not set(g.idle.as_list()) & set(g.busy.as_list())
+
+
+@FAST
+@given(r=st.integers(1, 4), seq=SIGNALS)
+def test_cg_conserves_virtual_workers_and_never_takes_the_last(
+    r: int, seq: list[tuple[int, int]]
+) -> None:
+    g = make_grouping("cg", 6, virtual_per_worker=r)
+    assert isinstance(g, ConsistentGrouping)
+    h = zipf_hashes(600)
+    for i, (w, s) in enumerate(seq):
+        g.on_ack(w, s, acked=10)
+        check_cg_invariants(g)
+        if i % 50 == 0:
+            routed = g.route(h)
+            assert routed.min() >= 0 and routed.max() < 6
+    st_ = g.stats()
+    assert st_["signals"] == {
+        "increase": sum(s > 0 for _, s in seq),
+        "decrease": sum(s < 0 for _, s in seq),
+    }
+    assert st_["vw_per_worker"] == g.vw_per_worker().tolist()
+    assert st_["migrations"] <= len(seq)
+
+
+def test_cg_pairs_in_fcfs_order() -> None:
+    g = make_grouping("cg", 6, virtual_per_worker=3)
+    for o in (2, 0, 4, 0):  # duplicate decrease from 0 is deduplicated
+        g.on_ack(o, -1)
+    assert g.busy.as_list() == [2, 0, 4] and g.migrations == 0
+    g.on_ack(5, +1)
+    g.on_ack(3, +1)
+    per = g.vw_per_worker()
+    assert per[2] == 2 and per[0] == 2 and per[4] == 3 and per[5] == 4 and per[3] == 4
+    assert g.busy.as_list() == [4] and g.migrations == 2
+    # symmetric: idle workers are served in arrival order
+    g = make_grouping("cg", 6, virtual_per_worker=3)
+    for u in (1, 5, 1, 3):
+        g.on_ack(u, +1)
+    assert g.idle.as_list() == [1, 5, 3]
+    g.on_ack(0, -1)
+    assert g.vw_per_worker()[1] == 4 and g.idle.as_list() == [5, 3]
+    g.on_ack(2, -1)
+    assert g.vw_per_worker()[5] == 4 and g.idle.as_list() == [3]
+
+
+def test_cg_moves_the_most_recently_acquired_vw_first() -> None:
+    g = make_grouping("cg", 3, virtual_per_worker=2)
+    assert isinstance(g, ConsistentGrouping)
+    g.on_ack(0, -1)
+    g.on_ack(1, +1)  # 0 -> 1: VW 3 (0's last)
+    assert g.vw_owner[3] == 1
+    g.on_ack(1, -1)
+    g.on_ack(0, +1)  # 1 gives back the VW it just got
+    assert g.vw_owner.tolist() == [0, 1, 2, 0, 1, 2]
+
+
+def test_cg_a_busy_worker_loses_vws_to_an_idle_one_and_traffic_follows() -> None:
+    g = make_grouping("cg", 4, virtual_per_worker=10)
+    assert isinstance(g, ConsistentGrouping)
+    h = zipf_hashes(40_000, n_keys=5000, z=1.0)
+    before = np.bincount(g.route(h[:20_000]), minlength=4)
+    for _ in range(30):
+        g.on_ack(0, -1)
+        g.on_ack(3, +1)
+    per = g.vw_per_worker()
+    assert per[0] == 1 and per[3] == 19 and per[1] == per[2] == 10
+    assert g.migrations == 9 and g.signals == {"increase": 30, "decrease": 30}
+    after = np.bincount(g.route(h[20_000:]), minlength=4)
+    # PoRC keeps VWs equal, so each worker's share follows its VW count
+    assert after[0] < 0.2 * before[0]
+    np.testing.assert_allclose(after / after.sum(), per / per.sum(), atol=0.02)
+
+
+def test_cg_worker_failure_reassigns_its_vws() -> None:
+    g = make_grouping("cg", 4, virtual_per_worker=5)
+    assert isinstance(g, ConsistentGrouping)
+    g.on_ack(1, -1)
+    g.on_workers_changed([0, 2, 3])
+    assert g.vw_per_worker().tolist()[1] == 0 and g.vw_per_worker().sum() == 20
+    assert 1 not in g.route(zipf_hashes(3000)).tolist()
+    g.on_ack(1, +1)  # a dead worker's signal is ignored
+    assert 1 not in g.idle
+    g.on_workers_changed([0, 1, 2, 3])
+    assert g.vw_per_worker()[1] == 5 and g.vw_per_worker().sum() == 20
+
+
+def test_cg_validates_parameters() -> None:
+    with pytest.raises(ValueError, match="virtual_per_worker must be an int in"):
+        make_grouping("cg", 4, virtual_per_worker=0)
+    with pytest.raises(
+        ValueError, match=r"idle_below must be in \[0, busy_above=0.5\] \(got 0.75\)"
+    ):
+        make_grouping("cg", 4, busy_above=0.5)
+    with pytest.raises(ValueError, match="eps must be"):
+        make_grouping("cg", 4, eps=float("nan"))
+    g = make_grouping("cg", 4, epsilon=0.2, slot_s=2.0)
+    assert isinstance(g, ConsistentGrouping)
+    assert g.eps == 0.2 and g.slot_s == 2.0 and g.busy_above == 0.85 and g.idle_below == 0.75
