@@ -22,6 +22,7 @@ import numpy as np
 from numba import njit
 
 from runtime.grouping.base import Clock, Grouping, register
+from runtime.grouping.fastmod import magic_of, mod_n
 from runtime.hashing import choice_scalar
 
 
@@ -36,10 +37,11 @@ def pkg_candidates(key_hashes: np.ndarray, n_workers: int) -> tuple[np.ndarray, 
     c1 = np.empty(m, dtype=np.int32)
     c2 = np.empty(m, dtype=np.int32)
     nn = np.uint64(n_workers)
+    magic = magic_of(nn)
     for i in range(m):
         h = key_hashes[i]
-        a = np.int32(choice_scalar(h, 1) % nn)
-        b = np.int32(choice_scalar(h, 2) % nn)
+        a = np.int32(mod_n(choice_scalar(h, 1), nn, magic))
+        b = np.int32(mod_n(choice_scalar(h, 2), nn, magic))
         if a == b:
             b = np.int32((b + 1) % n_workers)
         c1[i] = a

@@ -25,6 +25,7 @@ import numpy as np
 from numba import njit
 
 from runtime.grouping.base import Clock, Grouping, register
+from runtime.grouping.fastmod import magic_of, mod_n
 from runtime.hashing import mix64, mix64_scalar
 
 
@@ -45,13 +46,18 @@ def potc_candidates(
     c1 = np.empty(m, dtype=np.int32)
     c2 = np.empty(m, dtype=np.int32)
     n = np.uint64(n_workers)
+    n1 = np.uint64(max(1, n_workers - 1))
+    magic = magic_of(n)
+    magic1 = magic_of(n1)
     for i in range(m):
         x = stream_key + np.uint64(start + i) * np.uint64(0x9E3779B97F4A7C15)
         r1 = mix64_scalar(x)
         r2 = mix64_scalar(x ^ np.uint64(0xD1B54A32D192ED03))
-        a = r1 % n
+        a = mod_n(r1, n, magic)
         if n_workers > 1:
-            b = (a + np.uint64(1) + r2 % (n - np.uint64(1))) % n
+            b = a + np.uint64(1) + mod_n(r2, n1, magic1)  # in [1, 2n - 1)
+            if b >= n:
+                b -= n
         else:
             b = a
         c1[i] = np.int32(a)
