@@ -25,14 +25,16 @@ Pure: numpy/pyarrow/numba only, no Ray, no Spark.
 
 from __future__ import annotations
 
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from runtime.hashing import hash_keys
-from runtime.sketches import SpaceSaving, merge_space_saving
+
+if TYPE_CHECKING:
+    from runtime.sketches import SpaceSaving
 
 KINDS = ("wordcount", "naive-bayes", "heavy-hitters")
 
@@ -230,6 +232,9 @@ class HeavyHittersState:
     """
 
     def __init__(self, counters: int) -> None:
+        from runtime.sketches import SpaceSaving  # numba-compiled: only when used
+
+        self._new_sketch = SpaceSaving
         self.counters = counters
         self._sketch = SpaceSaving(counters)
         self._names: dict[int, str | None] = {}
@@ -262,7 +267,7 @@ class HeavyHittersState:
             "capacity": sk.capacity,
             "total": sk.total,
         }
-        self._sketch = SpaceSaving(self.counters)
+        self._sketch = self._new_sketch(self.counters)
         self._names = {}
         return part
 
@@ -298,6 +303,8 @@ class HeavyHittersAggregator:
         if not len(h):
             return
         self._names.update(zip(h.tolist(), partial["keys"], strict=True))
+        from runtime.sketches import SpaceSaving
+
         self._pending.append(
             SpaceSaving.from_items(
                 h,
@@ -313,6 +320,8 @@ class HeavyHittersAggregator:
     def _fold(self) -> None:
         if not self._pending:
             return
+        from runtime.sketches import merge_space_saving
+
         parts = ([self._summary] if self._summary is not None else []) + self._pending
         self._summary = merge_space_saving(parts, capacity=self.counters)
         self._pending = []
