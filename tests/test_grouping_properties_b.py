@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 from runtime.grouping import make_grouping
 from runtime.grouping.cg import ConsistentGrouping
 from runtime.grouping.ch import Ring
+from runtime.grouping.fish import FISH
 from runtime.grouping.porc import capacity_for, porc_assign
 from runtime.hashing import choice, hash_keys
 
@@ -319,3 +320,151 @@ def test_cg_validates_parameters() -> None:
     g = make_grouping("cg", 4, epsilon=0.2, slot_s=2.0)
     assert isinstance(g, ConsistentGrouping)
     assert g.eps == 0.2 and g.slot_s == 2.0 and g.busy_above == 0.85 and g.idle_below == 0.75
+
+
+# ------------------------------------------------------------------------- FISH
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.t = 0.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def one_hot_stream(m: int, hot_share: float, n_tail: int, seed: int) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    keys = rng.integers(1, n_tail + 1, size=m)
+    keys[rng.random(m) < hot_share] = 0  # key 0 is the hot one
+    return keys.astype(np.int64)
+
+
+@settings(max_examples=10, deadline=None)
+@given(n=st.integers(4, 16), hot_share=st.floats(0.2, 0.6), seed=st.integers(0, 1000))
+def test_fish_hot_keys_get_more_candidates_cold_keys_exactly_one(
+    n: int, hot_share: float, seed: int
+) -> None:
+    keys = one_hot_stream(30_000, hot_share, 5000, seed)
+    h = hash_keys(keys)
+    g = make_grouping("fish", n, epoch=5000)
+    assert isinstance(g, FISH)
+    w1 = g.route(h[:25_000])  # 5 epochs: the start-up estimate has been decayed away
+    hot_h = int(h[keys == 0][0])
+    d_start = g.hot_keys()[hot_h]
+    assert d_start == min(n, max(2, math.ceil(g.counters()[0][hot_h] / g.counters()[1] * n)))
+    w2 = g.route(h[25_000:])  # exactly one epoch
+    w = np.concatenate([w1, w2])
+    d_max = min(n, max(2, math.ceil((hot_share + 0.05) * n)))
+    used = np.unique(w2[keys[25_000:] == 0])
+    assert 2 <= len(used) <= d_max
+    assert set(used.tolist()) <= set(g.ring.distinct_successors(hot_h, d_max).tolist())
+    # cold keys: exactly one worker, their consistent-hash successor
+    # (after start-up, when a couple of early occurrences look hot)
+    counts = np.bincount(keys)
+    cold = (keys != 0) & (counts[keys] <= 15)
+    cold[:5000] = False
+    np.testing.assert_array_equal(w[cold], g.ring.lookup(h[cold]))
+
+
+def test_fish_hotter_keys_get_more_candidates() -> None:
+    rng = np.random.default_rng(3)
+    keys = rng.integers(10, 3000, size=40_000)
+    r = rng.random(40_000)
+    keys[r < 0.4] = 1
+    keys[(r >= 0.4) & (r < 0.5)] = 2
+    h = hash_keys(keys.astype(np.int64))
+    g = make_grouping("fish", 16, epoch=10_000)
+    assert isinstance(g, FISH)
+    g.route(h)
+    hot = g.hot_keys()
+    h1, h2 = (int(hash_keys(np.array([k]))[0]) for k in (1, 2))
+    assert hot[h1] == math.ceil(0.4 * 16) or abs(hot[h1] - 0.4 * 16) <= 1
+    assert 1 < hot[h2] < hot[h1]
+
+
+def test_fish_decays_per_epoch_not_per_message() -> None:
+    g = make_grouping("fish", 4, epoch=1000, decay=0.5)
+    assert isinstance(g, FISH)
+    a, b = hash_keys(np.array([11, 12]))
+    g.route(np.full(998, a, dtype=np.uint64))
+    g.route(np.array([b], dtype=np.uint64))
+    c, total = g.counters()
+    assert c == {int(a): 998.0, int(b): 1.0} and total == 999.0  # no decay yet
+    g.route(np.array([a], dtype=np.uint64))  # the 1000th message closes the epoch
+    c, total = g.counters()
+    assert c == {int(a): 499.5} and total == 500.0  # b fell below 1: dropped
+    assert g.stats()["epoch"] == 1
+
+
+def test_fish_d_does_not_shrink_within_its_epoch() -> None:
+    g = make_grouping("fish", 10, epoch=10_000)
+    assert isinstance(g, FISH)
+    hot = hash_keys(np.array([0]))
+    g.route(np.repeat(hot, 2000))
+    d0 = g.hot_keys()[int(hot[0])]
+    assert d0 == 10  # f = 1
+    g.route(hash_keys(np.arange(1, 7001, dtype=np.int64)))  # dilute within the epoch
+    assert g.hot_keys()[int(hot[0])] == d0
+    g.route(hash_keys(np.arange(7001, 8001, dtype=np.int64)))  # epoch ends: f ~ 0.2
+    assert g.hot_keys()[int(hot[0])] == 2
+
+
+def simulate_acks(rates: list[float], n_batches: int = 1000, batch: int = 100) -> tuple:
+    """Sources route Zipf batches every 10 ms; worker w drains rates[w] msgs/s
+    and acks what it processed. Returns (messages per worker in the second
+    half, the grouping)."""
+    clk = FakeClock()
+    n, dt = len(rates), 0.01
+    g = make_grouping("fish", n, seed=1, clock=clk)
+    rng = np.random.default_rng(0)
+    p = np.arange(1, 201, dtype=np.float64) ** -1.4
+    p /= p.sum()
+    rate = np.array(rates)
+    backlog, credit = np.zeros(n), np.zeros(n)
+    counts = np.zeros(n, dtype=np.int64)
+    for b in range(n_batches):
+        c = np.bincount(g.route(hash_keys(rng.choice(200, batch, p=p))), minlength=n)
+        backlog += c
+        if b >= n_batches // 2:
+            counts += c
+        clk.t += dt
+        credit = np.minimum(credit + rate * dt, rate * dt + 1)
+        done = np.minimum(backlog, np.floor(credit))
+        credit -= done
+        backlog -= done
+        for x in range(n):
+            if done[x] > 0:
+                g.on_ack(x, 0, int(done[x]))
+    return counts, g
+
+
+def test_fish_learns_heterogeneity_from_ack_timings() -> None:
+    homo, _ = simulate_acks([3000, 3000, 3000, 3000])
+    hetero, g = simulate_acks([1000, 3500, 3500, 3500])
+    share_homo, share_het = homo / homo.sum(), hetero / hetero.sum()
+    assert share_het[0] < 0.6 * share_homo[0]
+    assert share_het[0] < share_het[1:].min()
+    t = g.service_time_estimates()
+    assert t[0] == pytest.approx(1 / 1000, rel=0.1)  # learned, never configured
+    assert t[0] > 1.5 * t[1:].max()
+
+
+def test_fish_unobserved_workers_share_a_neutral_prior() -> None:
+    clk = FakeClock()
+    g = make_grouping("fish", 3, clock=clk)
+    assert isinstance(g, FISH)
+    assert np.all(g.service_time_estimates() == g.service_time_estimates()[0])
+    w = g.route(np.repeat(hash_keys(np.array([5])), 300))
+    clk.t = 1.0
+    g.on_ack(int(w[0]), 0, acked=int((w == w[0]).sum()))
+    t = g.service_time_estimates()
+    others = [x for x in range(3) if x != w[0]]
+    assert t[others[0]] == t[others[1]] == t[w[0]]
+
+
+def test_fish_validates_parameters() -> None:
+    for bad in ({"epoch": 0}, {"decay": 0.0}, {"theta": 2.0}, {"capacity": 0}, {"ewma_weight": 0}):
+        name = next(iter(bad))
+        with pytest.raises(ValueError, match=name):
+            make_grouping("fish", 4, **bad)
