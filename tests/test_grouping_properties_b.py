@@ -468,3 +468,20 @@ def test_fish_validates_parameters() -> None:
         name = next(iter(bad))
         with pytest.raises(ValueError, match=name):
             make_grouping("fish", 4, **bad)
+
+
+@FAST
+@given(n=st.integers(1, 40), vnodes=st.integers(1, 50), seed=st.integers(0, 2**32))
+def test_ch_successor_index_equals_binary_search(n: int, vnodes: int, seed: int) -> None:
+    ring = Ring(n, vnodes=vnodes, seed=seed)
+    h = np.concatenate([UNIFORM[:3000], ring.points, ring.points - np.uint64(1)])
+    h = np.concatenate([h, np.array([0, 2**64 - 1], dtype=np.uint64)])
+    expected = np.searchsorted(ring.points, h, side="left")
+    expected[expected == len(ring.points)] = 0
+    np.testing.assert_array_equal(ring.successor_index(h), expected)
+    ring.add_worker(n + 3)
+    if n > 1:
+        ring.remove_worker(0)
+    expected = np.searchsorted(ring.points, h, side="left")
+    expected[expected == len(ring.points)] = 0
+    np.testing.assert_array_equal(ring.successor_index(h), expected)
