@@ -1,0 +1,447 @@
+"""The driver of a real run: Spark input -> sources -> workers -> aggregator.
+
+``run_pipeline(topo, out_dir, spark)`` runs one topology inside an already
+initialized Ray cluster with a RayDP Spark session (``runtime.run`` sets both
+up; tests share one session) and returns the report:
+
+1. load: ``build_dataframe`` + ``to_ray_shards`` (one shard per source);
+2. actors: ``aggregator``, ``worker-<i>``, ``source-<i>`` (``num_cpus=0``: they
+   are I/O and sleep bound, and Spark's executor needs the CPU), each run in
+   its own Ray namespace so names stay readable in the dashboard;
+3. throttle: a duty-cycle (or cpulimit) throttler per node - a thread here for
+   this node's workers, a pinned ``ThrottleActor`` for any other node -
+   following ``workers.changes``; ``service`` mode instead tells each worker
+   its new capacity;
+4. stream: the sources run; a progress bar on stderr (processed / total,
+   rate, current imbalance);
+5. finish: resume every process, final flush, the aggregator's table, and
+   ``report.json`` / ``timeseries.csv`` / ``result.parquet`` / ``report.png``.
+
+Every throttled process is SIGCONTed and every actor of the run is killed on
+the way out, whatever happened.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+import time
+from collections.abc import Callable
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import ray
+
+from actors import aggregator as aggregator_mod
+from actors import source as source_mod
+from actors import throttle as throttle_mod
+from actors import worker as worker_mod
+from actors.spark_input import build_dataframe, to_ray_shards
+from runtime.grouping import make_grouping
+from runtime.latency import LatencyHistogram
+from runtime.metrics import replication
+from runtime.report import write_run
+from runtime.topology import Topology
+
+POLL_S = 0.25
+
+
+class Capacities:
+    """The capacity of every worker over time (initial values + ``workers.changes``)."""
+
+    def __init__(self, topo: Topology) -> None:
+        self.initial = topo.workers.capacities()
+        self.changes = sorted((c.at_s, c.worker, c.capacity) for c in topo.workers.changes)
+
+    def at(self, t_s: float) -> list[float]:
+        caps = list(self.initial)
+        for at, w, c in self.changes:
+            if at <= t_s:
+                caps[w] = c
+        return caps
+
+    def mean_total(self, duration_s: float) -> float:
+        """Time-weighted mean of the total capacity over ``[0, duration_s]``."""
+        if duration_s <= 0:
+            return float(sum(self.initial))
+        edges = [0.0] + [a for a, _, _ in self.changes if 0 < a < duration_s] + [duration_s]
+        total = 0.0
+        for a, b in zip(edges[:-1], edges[1:], strict=True):
+            total += sum(self.at(a)) * (b - a)
+        return total / duration_s
+
+
+def signal_settings(topo: Topology) -> worker_mod.SignalSettings | None:
+    """Worker-side signal thresholds, if the scheme learns from signals (CG)."""
+    g = make_grouping(topo.grouping.scheme, topo.workers.count, seed=topo.run.seed,
+                      **topo.grouping_params())
+    if not all(hasattr(g, a) for a in ("busy_above", "idle_below", "slot_s")):
+        return None
+    return worker_mod.SignalSettings(float(g.slot_s), float(g.busy_above), float(g.idle_below))
+
+
+def _app_params(topo: Topology) -> dict[str, Any]:
+    p = topo.app.model_dump()
+    p.pop("kind")
+    return p
+
+
+class _Progress:
+    def __init__(self, total: int, enabled: bool) -> None:
+        self.bar = None
+        if enabled:
+            from tqdm import tqdm
+
+            self.bar = tqdm(total=total, file=sys.stderr, unit="msg", unit_scale=True,
+                            dynamic_ncols=True, desc="processed", mininterval=0.25)
+        self.done = 0
+
+    def update(self, done: int, imbalance: float | None) -> None:
+        if self.bar is not None:
+            if done > self.done:
+                self.bar.update(done - self.done)
+            if imbalance is not None:
+                self.bar.set_postfix_str(f"I(t)={imbalance:.2f}", refresh=False)
+        self.done = max(self.done, done)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+
+
+class _Throttling:
+    """Per-node throttlers for one run (a local thread + remote actors elsewhere)."""
+
+    def __init__(self, mode: str, pids: list[int], nodes: list[str], caps: list[float],
+                 changes: list[tuple[float, int, float]], namespace: str) -> None:
+        self.local: Any = None
+        self.remote: dict[str, Any] = {}
+        self.status: dict[str, Any] = {}
+        here = ray.get_runtime_context().get_node_id()
+        by_node: dict[str, list[int]] = {}
+        for w, node in enumerate(nodes):
+            by_node.setdefault(node, []).append(w)
+        self._targets: dict[str, Any] = {}
+        for node, ws in by_node.items():
+            if node == here:
+                self.local = throttle_mod.make_throttler(mode)
+                t = self.local
+                for w in ws:
+                    t.set_capacity(pids[w], caps[w])
+                self._targets[node] = (t, ws)
+            else:
+                from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+                a = throttle_mod.actor_class().options(
+                    name=f"throttle-{node[:8]}", namespace=namespace, num_cpus=0,
+                    scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False),
+                ).remote(mode)
+                ray.get([a.set_capacity.remote(pids[w], caps[w]) for w in ws])
+                self.remote[node] = a
+                self._targets[node] = (a, ws)
+        self._changes = changes
+        self._pids = pids
+
+    def start(self, t0: float) -> None:
+        for node, (t, ws) in self._targets.items():
+            mine = [(at, self._pids[w], c) for at, w, c in self._changes if w in ws]
+            if node in self.remote:
+                ray.get([t.schedule.remote(mine, t0), t.start.remote()])
+            else:
+                t.schedule(mine, t0)
+                t.start()
+
+    def check(self) -> None:
+        if self.local is not None and self.local.error is not None:
+            raise RuntimeError(f"throttler failed: {self.local.error!r}")
+
+    def stop(self) -> None:
+        """Resume everything (idempotent; never raises for a dead remote throttler)."""
+        if self.local is not None:
+            self.local.stop()
+            self.status["local"] = self.local.status()
+        for node, a in self.remote.items():
+            try:
+                self.status[node] = ray.get(a.stop.remote(), timeout=10)
+            except Exception as e:  # noqa: BLE001 - report, keep stopping the others
+                self.status[node] = {"error": repr(e)}
+
+
+def run_pipeline(
+    topo: Topology,
+    out_dir: str | Path,
+    spark: Any,
+    *,
+    progress: bool = True,
+    log: Callable[[str], None] | None = None,
+) -> dict[str, Any]:
+    """Run ``topo`` in the current Ray cluster; write the outputs; return the report."""
+    say = log or (lambda m: print(m, file=sys.stderr))
+    n = topo.workers.count
+    wspec, run = topo.workers, topo.run
+    caps = Capacities(topo)
+    stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%S%f")
+    namespace = f"{topo.name}-{stamp}"
+    actors: list[Any] = []
+    throttling: _Throttling | None = None
+    bar = _Progress(0, False)
+
+    t_load = time.time()
+    df = build_dataframe(spark, topo)
+    shards = to_ray_shards(df, topo.sources)
+    total = int(sum(s.count() for s in shards))
+    # heavy-hitters' result is only the top-k: count the input's distinct keys instead
+    distinct_input = (int(df.select("key").distinct().count())
+                      if topo.app.kind == "heavy-hitters" else None)
+    load_s = time.time() - t_load
+    say(f"[{topo.name}] input ready: {total:,} messages in {topo.sources} shard(s), "
+        f"{load_s:.1f} s")
+
+    try:
+        app_params = _app_params(topo)
+        label = "label" if topo.app.kind == "naive-bayes" else None
+        sig = signal_settings(topo)
+        qcap = min(wspec.queue_batches, topo.sources * run.max_inflight)
+
+        Agg = aggregator_mod.actor_class()
+        agg = Agg.options(name="aggregator", namespace=namespace, num_cpus=0).remote(
+            topo.app.kind, app_params)
+        actors.append(agg)
+
+        Worker = worker_mod.actor_class()
+        workers = []
+        for i in range(n):
+            opts: dict[str, Any] = {
+                "name": f"worker-{i}", "namespace": namespace, "num_cpus": 0,
+                "max_concurrency": topo.sources * run.max_inflight + wspec.queue_batches + 8,
+            }
+            if f"worker-{i}" in topo.placement:
+                opts["resources"] = dict(topo.placement[f"worker-{i}"])
+            w = Worker.options(**opts).remote(
+                i, topo.app.kind, app_params, agg,
+                service_us=wspec.service_us, capacity=caps.initial[i], throttle=wspec.throttle,
+                queue_batches=wspec.queue_batches, queue_capacity_batches=qcap,
+                slot_s=run.slot_s, signals=sig, aggregate_every_s=topo.app.aggregate_every_s)
+            workers.append(w)
+            actors.append(w)
+        pids = ray.get([w.pid.remote() for w in workers])
+        nodes = ray.get([w.node_id.remote() for w in workers])
+
+        Source = source_mod.actor_class()
+        sources = []
+        for s in range(topo.sources):
+            src = Source.options(name=f"source-{s}", namespace=namespace, num_cpus=0,
+                                 max_concurrency=2).remote(
+                s, shards[s], workers, topo.grouping.scheme, n, run.seed + s,
+                topo.grouping_params(), batch=run.batch, max_inflight=run.max_inflight,
+                rate_per_source=run.rate / topo.sources, key="key", label=label,
+                vw_every_s=run.slot_s)
+            sources.append(src)
+            actors.append(src)
+        ray.get([s.progress.remote() for s in sources])  # constructed (grouping compiled)
+
+        changes = [(c.at_s, c.worker, c.capacity) for c in wspec.changes]
+        if wspec.throttle in ("duty-cycle", "cpulimit") and (
+                any(c < 1 for c in caps.initial) or changes):
+            throttling = _Throttling(wspec.throttle, pids, nodes, caps.initial, changes,
+                                     namespace)
+
+        bar = _Progress(total, progress)
+        t0 = time.time()
+        ray.get([w.start_run.remote(t0) for w in workers])
+        if throttling is not None:
+            throttling.start(t0)
+        runs = [s.run.remote(t0) for s in sources]
+        pending_service_changes = sorted(changes) if wspec.throttle == "service" else []
+        next_imb = 0.0
+        imb: float | None = None
+        while True:
+            ready, _ = ray.wait(runs, num_returns=len(runs), timeout=POLL_S)
+            now_s = time.time() - t0
+            while pending_service_changes and pending_service_changes[0][0] <= now_s:
+                _, w, c = pending_service_changes.pop(0)
+                workers[w].set_capacity.remote(c)
+            if throttling is not None:
+                throttling.check()
+            done = sum(p["acked"] for p in ray.get([s.progress.remote() for s in sources]))
+            if now_s >= next_imb:
+                next_imb = now_s + 1.0
+                utils = [p["utilization"] for p in ray.get([w.progress.remote()
+                                                            for w in workers])]
+                imb = float(max(utils) - np.mean(utils))
+            bar.update(done, imb)
+            if len(ready) == len(runs):
+                break
+        source_stats = ray.get(runs)
+        duration_s = time.time() - t0
+        bar.update(sum(s["acked"] for s in source_stats), imb)
+        bar.close()
+        if throttling is not None:  # stopped workers cannot flush
+            throttling.stop()
+        worker_stats = ray.get([w.finish.remote() for w in workers])
+        result = ray.get(agg.result.remote())
+        agg_stats = ray.get(agg.stats.remote())
+    finally:
+        bar.close()
+        if throttling is not None:
+            throttling.stop()
+        for a in actors:
+            try:
+                ray.kill(a)
+            except Exception:  # noqa: BLE001 - best effort cleanup
+                pass
+
+    report, ts = build_report(topo, caps, total, duration_s, load_s, source_stats,
+                              worker_stats, result, agg_stats,
+                              throttling.status if throttling else {}, distinct_input)
+    write_run(out_dir, report, ts, result)
+    return {**report, "result": {"path": "result.parquet", "rows": result.num_rows}}
+
+
+# ============================================================================ report
+
+
+def build_report(
+    topo: Topology,
+    caps: Capacities,
+    total: int,
+    duration_s: float,
+    load_s: float,
+    source_stats: list[dict[str, Any]],
+    worker_stats: list[dict[str, Any]],
+    result: Any,
+    agg_stats: dict[str, Any],
+    throttle_status: dict[str, Any],
+    distinct_keys: int | None = None,
+) -> tuple[dict[str, Any], pd.DataFrame]:
+    """report.json's dict and timeseries.csv's frame from the actors' statistics."""
+    n = topo.workers.count
+    slot_s = topo.run.slot_s
+    n_slots = max(1, math.ceil(duration_s / slot_s))
+    series = [w["series"] for w in worker_stats]
+    qcap = [w["queue_capacity_batches"] for w in worker_stats]
+
+    def col(s: dict[str, Any], name: str) -> np.ndarray:
+        v = np.asarray(s[name][:n_slots], dtype=np.float64)
+        return np.pad(v, (0, n_slots - len(v)))
+
+    processed = np.stack([col(s, "processed") for s in series], axis=1)  # [slot, worker]
+    queue_msgs = np.stack([col(s, "queue_msgs") for s in series], axis=1)
+    util = np.stack([col(s, "queue_batches") / c for s, c in zip(series, qcap, strict=True)],
+                    axis=1)
+    imb = util.max(axis=1) - util.mean(axis=1)
+    t_s = (np.arange(n_slots) + 1) * slot_s
+    ts: dict[str, Any] = {
+        "t_s": t_s,
+        "throughput_msgs_per_s": processed.sum(axis=1) / slot_s,
+        "imbalance": imb,
+    }
+    p50, p99 = [], []
+    for k in range(n_slots):
+        h = LatencyHistogram()
+        for s in series:
+            part = s["latency"].get(k)
+            if part is not None:
+                h.merge(LatencyHistogram.from_sparse(part))
+        p50.append(h.percentile_s(50) * 1e3)
+        p99.append(h.percentile_s(99) * 1e3)
+    ts["latency_p50_ms"] = p50
+    ts["latency_p99_ms"] = p99
+    for i in range(n):
+        ts[f"queue_w{i}"] = queue_msgs[:, i]
+    for i in range(n):
+        ts[f"util_w{i}"] = util[:, i]
+    cap_rows = np.array([caps.at(t - slot_s / 2) for t in t_s])
+    for i in range(n):
+        ts[f"capacity_w{i}"] = cap_rows[:, i]
+    vw = _vw_series(source_stats, t_s, n)
+    if vw is not None:
+        for i in range(n):
+            ts[f"vw_w{i}"] = vw[:, i]
+    frame = pd.DataFrame(ts)
+
+    latency = LatencyHistogram()
+    for w in worker_stats:
+        latency.merge(LatencyHistogram.from_sparse(w["latency"]))
+    processed_total = int(sum(w["processed"] for w in worker_stats))
+    distinct = distinct_keys or _distinct_result_keys(result, topo.app.kind)
+    keys = [int(w["keys"]) for w in worker_stats]
+    throughput = processed_total / duration_s if duration_s > 0 else 0.0
+    full_rate = topo.workers.service_us and 1e6 / topo.workers.service_us
+    signals = {"increase": 0, "decrease": 0}
+    for s in source_stats:
+        for k in signals:
+            signals[k] += int(s["signals"].get(k, 0))
+    report: dict[str, Any] = {
+        "name": topo.name,
+        "engine": "ray",
+        "scheme": topo.grouping.scheme,
+        "app": topo.app.kind,
+        "messages": {"input": int(total), "processed": processed_total},
+        "duration_s": duration_s,
+        "load_s": load_s,
+        "throughput_msgs_per_s": throughput,
+        "latency_ms": latency.summary_ms(),
+        "imbalance": {"mean": float(imb.mean()) if imb.size else 0.0,
+                      "max": float(imb.max()) if imb.size else 0.0},
+        "replication": replication(keys, distinct),
+        "migrations": int(sum(s["migrations"] for s in source_stats)),
+        "signals": signals,
+        "workers": [
+            {"id": i, "capacity": caps.initial[i], "processed": int(w["processed"]),
+             "utilization": float(util[:, i].mean()), "keys": keys[i],
+             "batches": int(w["batches"]), "stopped_s": float(w["stopped_s"]),
+             "signals_emitted": w["signals_emitted"],
+             "latency_ms": LatencyHistogram.from_sparse(w["latency"]).summary_ms()}
+            for i, w in enumerate(worker_stats)
+        ],
+        "capacity_changes": [{"at_s": a, "worker": w, "capacity": c}
+                             for a, w, c in caps.changes],
+        "sources": [{k: s[k] for k in ("source", "routed", "acked", "batches",
+                                        "sent_per_worker", "route_s", "wait_s", "grouping")}
+                    for s in source_stats],
+        "topology": {"sources": topo.sources, "workers": n,
+                     "service_us": topo.workers.service_us,
+                     "throttle": topo.workers.throttle, "batch": topo.run.batch,
+                     "max_inflight": topo.run.max_inflight, "rate": topo.run.rate,
+                     "slot_s": slot_s, "queue_batches": topo.workers.queue_batches,
+                     "grouping": topo.grouping_params()},
+        "aggregator": agg_stats,
+        "throttle": throttle_status,
+    }
+    if full_rate:  # throughput / what the configured capacities allow
+        report["capacity_efficiency"] = throughput / (caps.mean_total(duration_s) * full_rate)
+    if vw is not None:
+        report["vw_ownership"] = {
+            "t_s": [float(t) for t in t_s],
+            "per_worker": vw.T.tolist(),
+            "final": vw[-1].tolist() if len(vw) else [],
+        }
+    return report, frame
+
+
+def _vw_series(source_stats: list[dict[str, Any]], t_s: np.ndarray, n: int) -> np.ndarray | None:
+    """Mean over sources of each worker's virtual-worker count at every slot end."""
+    hist = [s.get("vw_history") or [] for s in source_stats]
+    if not any(hist):
+        return None
+    out = np.zeros((len(t_s), n))
+    for h in hist:
+        times = np.array([t for t, _ in h])
+        vals = np.array([v for _, v in h], dtype=np.float64)
+        idx = np.clip(np.searchsorted(times, t_s, side="right") - 1, 0, len(h) - 1)
+        out += vals[idx]
+    return out / len([h for h in hist if h])
+
+
+def _distinct_result_keys(result: Any, kind: str) -> int:
+    if "key" not in result.column_names:
+        return result.num_rows
+    if kind == "wordcount":
+        return result.num_rows
+    import pyarrow.compute as pc
+
+    return len(pc.unique(result.column("key")))

@@ -1,0 +1,263 @@
+"""The source actor: hash, route with its own grouping, send with backpressure.
+
+``SourceCore`` is the plain class (no Ray). For every micro-batch of its shard
+(``run.batch`` messages) it hashes the keys (``runtime.hashing``), routes them
+with its *own* grouping instance (seed ``run.seed + index``), splits the batch
+into per-worker sub-batches and sends each through a ``Transport``, keeping at
+most ``run.max_inflight`` unacknowledged sub-batches per worker: a stopped or
+slow worker blocks its source (bounded memory) instead of piling up messages.
+Every ack goes to ``grouping.on_ack(worker, signal, acked)`` as soon as it is
+seen: CG moves virtual workers on piggybacked signals, FISH learns service
+times from ack timings through the grouping's clock. The source never reads
+the configured capacities.
+
+``run.rate`` (messages/s over all sources) is honoured by pacing each source at
+``rate / sources`` on its own clock.
+
+``SourceActor`` at the bottom is the Ray edge (``source-<i>``): a threaded
+actor so that ``progress()`` answers while ``run()`` is streaming.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any, Protocol
+
+import numpy as np
+import pyarrow as pa
+
+from runtime.hashing import hash_keys
+
+Clock = Callable[[], float]
+
+
+class Transport(Protocol):
+    """How a source talks to workers (Ray object refs, or direct calls in tests)."""
+
+    def send(self, worker: int, keys: pa.Array, labels: np.ndarray | None,
+             emit_ts: float) -> Any:
+        """Start processing a sub-batch; returns a token for ``wait``."""
+
+    def wait(self, tokens: Sequence[Any], timeout: float | None) -> list[tuple[Any, dict]]:
+        """Some finished tokens with their acks (at least one unless ``timeout`` expires)."""
+
+
+def keys_of(table: pa.Table, key: str) -> pa.Array:
+    col = table.column(key)
+    return col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col
+
+
+def hash_arrow_keys(keys: pa.Array) -> np.ndarray:
+    if pa.types.is_integer(keys.type) and keys.null_count == 0:
+        return hash_keys(keys.to_numpy())
+    return hash_keys(keys.to_numpy(zero_copy_only=False))
+
+
+class SourceCore:
+    """One source's routing loop; see the module docstring."""
+
+    def __init__(
+        self,
+        index: int,
+        grouping: Any,
+        transport: Transport,
+        *,
+        n_workers: int,
+        max_inflight: int = 2,
+        rate_per_source: float = 0.0,
+        key: str = "key",
+        label: str | None = None,
+        vw_every_s: float = 0.5,
+        clock: Clock = time.time,
+        sleep: Callable[[float], None] = time.sleep,
+        t0: float | None = None,
+    ) -> None:
+        self.index = int(index)
+        self.grouping = grouping
+        self.transport = transport
+        self.n_workers = int(n_workers)
+        self.max_inflight = int(max_inflight)
+        self.rate = float(rate_per_source)
+        self.key = key
+        self.label = label
+        self.clock = clock
+        self.sleep = sleep
+        self.t0 = t0
+        self.routed = 0  # messages sent to workers
+        self.acked = 0
+        self.batches = 0
+        self.sent_per_worker = np.zeros(self.n_workers, dtype=np.int64)
+        self.acked_per_worker = np.zeros(self.n_workers, dtype=np.int64)
+        self.lat_sum_s = 0.0
+        self._inflight: dict[Any, int] = {}  # token -> worker
+        self._inflight_per_worker = np.zeros(self.n_workers, dtype=np.int64)
+        self.vw_every_s = float(vw_every_s)
+        self.vw_history: list[tuple[float, list[int]]] = []
+        self._next_vw = -np.inf
+        self.route_s = 0.0
+        self.wait_s = 0.0
+        self.done = False
+
+    # ------------------------------------------------------------------ acks
+    def _handle(self, done: list[tuple[Any, dict]]) -> None:
+        for token, ack in done:
+            w = self._inflight.pop(token)
+            self._inflight_per_worker[w] -= 1
+            n = int(ack["acked"])
+            self.acked += n
+            self.acked_per_worker[w] += n
+            self.lat_sum_s += float(ack.get("lat_sum_s", 0.0))
+            self.grouping.on_ack(int(ack["worker"]), int(ack.get("signal", 0)), n)
+        self._record_vw()
+
+    def _wait_some(self, timeout: float | None = None) -> None:
+        if not self._inflight:
+            return
+        t = self.clock()
+        self._handle(self.transport.wait(list(self._inflight), timeout))
+        self.wait_s += self.clock() - t
+
+    def _record_vw(self, force: bool = False) -> None:
+        per = getattr(self.grouping, "vw_per_worker", None)
+        if per is None or self.t0 is None:
+            return
+        now = self.clock()
+        if force or now >= self._next_vw:
+            self._next_vw = now + self.vw_every_s
+            self.vw_history.append((now - self.t0, [int(x) for x in per()]))
+
+    # ------------------------------------------------------------------ main loop
+    def send_batch(self, table: pa.Table) -> None:
+        """Route one micro-batch and send its per-worker sub-batches."""
+        t = self.clock()
+        keys = keys_of(table, self.key)
+        n = len(keys)
+        if n == 0:
+            return
+        labels = None
+        if self.label is not None:
+            labels = np.asarray(table.column(self.label).to_numpy(), dtype=np.int64)
+        dest = np.asarray(self.grouping.route(hash_arrow_keys(keys)), dtype=np.int64)
+        order = np.argsort(dest, kind="stable")
+        counts = np.bincount(dest, minlength=self.n_workers)
+        bounds = np.concatenate([[0], np.cumsum(counts)])
+        self.route_s += self.clock() - t
+        for w in np.flatnonzero(counts):
+            while self._inflight_per_worker[w] >= self.max_inflight:
+                self._wait_some()
+            idx = order[bounds[w]:bounds[w + 1]]
+            sub_keys = keys.take(pa.array(idx))
+            sub_labels = labels[idx] if labels is not None else None
+            token = self.transport.send(int(w), sub_keys, sub_labels, self.clock())
+            self._inflight[token] = int(w)
+            self._inflight_per_worker[w] += 1
+            self.sent_per_worker[w] += len(idx)
+        self.routed += n
+        self.batches += 1
+        # opportunistic: take acks that are already there, without blocking
+        self._wait_some(timeout=0)
+
+    def run(self, batches: Iterable[pa.Table]) -> dict[str, Any]:
+        start = self.clock()
+        if self.t0 is None:
+            self.t0 = start
+        self._record_vw(force=True)
+        for table in batches:
+            self.send_batch(table)
+            if self.rate > 0:
+                ahead = start + self.routed / self.rate - self.clock()
+                if ahead > 0:
+                    self.sleep(ahead)
+        while self._inflight:
+            self._wait_some()
+        self._record_vw(force=True)
+        self.done = True
+        return self.stats(start)
+
+    def progress(self) -> dict[str, Any]:
+        return {"source": self.index, "routed": self.routed, "acked": self.acked,
+                "done": self.done}
+
+    def stats(self, start: float | None = None) -> dict[str, Any]:
+        g = self.grouping.stats()
+        return {
+            "source": self.index,
+            "routed": self.routed,
+            "acked": self.acked,
+            "batches": self.batches,
+            "sent_per_worker": self.sent_per_worker.tolist(),
+            "grouping": g,
+            "migrations": int(g.get("migrations", 0)),
+            "signals": dict(g.get("signals", {"increase": 0, "decrease": 0})),
+            "route_s": self.route_s,
+            "wait_s": self.wait_s,
+            "elapsed_s": (self.clock() - start) if start is not None else None,
+            "vw_history": self.vw_history,
+        }
+
+
+# ============================================================================ Ray edge
+
+
+class RayTransport:
+    """Sub-batches as ``worker.process.remote`` calls; acks through ``ray.wait``."""
+
+    def __init__(self, source: int, workers: Sequence[Any]) -> None:
+        import ray
+
+        self._ray = ray
+        self.source = source
+        self.workers = list(workers)
+
+    def send(self, worker: int, keys: pa.Array, labels: np.ndarray | None,
+             emit_ts: float) -> Any:
+        return self.workers[worker].process.remote(self.source, keys, labels, emit_ts)
+
+    def wait(self, tokens: Sequence[Any], timeout: float | None) -> list[tuple[Any, dict]]:
+        ready, _ = self._ray.wait(list(tokens), num_returns=1, timeout=timeout)
+        if ready:  # take every ack already available, not just the first
+            more, _ = self._ray.wait(list(tokens), num_returns=len(tokens), timeout=0)
+            ready = list({r: None for r in [*ready, *more]})
+        acks = self._ray.get(ready)
+        return list(zip(ready, acks, strict=True))
+
+
+class SourceActor:
+    """Ray edge around ``SourceCore`` (threaded: ``progress`` answers during ``run``)."""
+
+    def __init__(self, index: int, shard: Any, workers: Sequence[Any], scheme: str,
+                 n_workers: int, seed: int, grouping_params: dict[str, Any], *,
+                 batch: int, max_inflight: int, rate_per_source: float, key: str,
+                 label: str | None, vw_every_s: float = 0.5) -> None:
+        from runtime.grouping import make_grouping
+
+        self.shard = shard
+        self.batch = int(batch)
+        grouping = make_grouping(scheme, n_workers, seed=seed, clock=time.monotonic,
+                                 **grouping_params)
+        self.core = SourceCore(index, grouping, RayTransport(index, workers),
+                               n_workers=n_workers, max_inflight=max_inflight,
+                               rate_per_source=rate_per_source, key=key, label=label,
+                               vw_every_s=vw_every_s)
+        self._lock = threading.Lock()
+
+    def _batches(self) -> Iterable[pa.Table]:
+        cols = [self.core.key] + ([self.core.label] if self.core.label else [])
+        for b in self.shard.iter_batches(batch_size=self.batch, batch_format="pyarrow"):
+            yield b.select(cols) if isinstance(b, pa.Table) else pa.table(b).select(cols)
+
+    def run(self, t0: float) -> dict[str, Any]:
+        with self._lock:
+            self.core.t0 = t0
+            return self.core.run(self._batches())
+
+    def progress(self) -> dict[str, Any]:
+        return self.core.progress()
+
+
+def actor_class() -> Any:
+    import ray
+
+    return ray.remote(SourceActor)

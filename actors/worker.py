@@ -1,0 +1,408 @@
+"""The worker actor: bounded input queue, emulated service time, own load measurement.
+
+``WorkerCore`` is the plain class (no Ray; tests drive it with a fake clock):
+
+- ``submit(source, keys, labels, emit_ts)`` enqueues one sub-batch into a
+  bounded FIFO (``workers.queue_batches``; blocks when full: backpressure) and
+  blocks until that batch has been processed, then returns its *ack*:
+  ``{"worker", "acked", "signal", "lat_sum_s", "lat_max_s", "done_ts"}``.
+  The caller is one of many threads of a threaded actor; a single processing
+  thread (``run_forever`` / ``step``) drains the queue in FIFO order.
+- Processing = ``ServiceEmulator.serve(n)`` (per-message finish times, so
+  latencies are per message: finish - the source's emit time) + the app's
+  ``process(keys, labels)``.
+- Utilization ``U = queue length / queue capacity``, in batches, where the
+  queue length counts the batch in service and the capacity is
+  ``min(queue_batches, sources * max_inflight)`` (the most batches that can
+  ever be queued; with the default 2 sources x 2 in flight, a worker whose
+  window is full is at U = 1). Same definition as the simulator's
+  (ALGORITHMS.md, "Metrics"). It is sampled on every enqueue/dequeue and
+  integrated over time, per slot.
+- Load signals (CG): one ``LoadSignaler`` per source, all fed the same
+  utilization, so each source gets at most one signal per slot, on its next ack.
+- Per-slot time series (``run.slot_s``): processed, mean queue length (msgs
+  and batches), utilization, busy fraction, latency histogram.
+- Every ``app.aggregate_every_s`` the app's partial (a delta) goes to ``sink``.
+
+``WorkerActor`` at the bottom is the Ray edge (``ray.remote`` applied by
+``actor_class()``), named ``worker-<i>``.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import queue
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from runtime.latency import LatencyHistogram
+from runtime.service import ServiceEmulator
+from runtime.signals import LoadSignaler
+
+Clock = Callable[[], float]
+
+
+@dataclass
+class SignalSettings:
+    slot_s: float = 0.5
+    busy_above: float = 0.85
+    idle_below: float = 0.75
+
+
+@dataclass
+class _Item:
+    source: int
+    keys: Any
+    labels: Any
+    emit_ts: float
+    n: int
+    done: threading.Event = field(default_factory=threading.Event)
+    ack: dict[str, Any] | None = None
+    error: BaseException | None = None
+
+
+class _Slots:
+    """Per-slot accumulators on the run's timeline (slot k = [k*slot_s, (k+1)*slot_s))."""
+
+    def __init__(self, slot_s: float) -> None:
+        self.slot_s = slot_s
+        self.processed: dict[int, int] = {}
+        self.queue_msgs_area: dict[int, float] = {}
+        self.queue_batches_area: dict[int, float] = {}
+        self.busy_s: dict[int, float] = {}
+        self.latency: dict[int, LatencyHistogram] = {}
+
+    def add_interval(self, acc: dict[int, float], t_a: float, t_b: float, weight: float) -> None:
+        """Add ``weight * overlap`` of [t_a, t_b) to every slot it overlaps."""
+        if t_b <= t_a or weight == 0:
+            return
+        k = math.floor(t_a / self.slot_s)
+        while True:
+            end = (k + 1) * self.slot_s
+            span = min(end, t_b) - max(k * self.slot_s, t_a)
+            if span > 0:
+                acc[k] = acc.get(k, 0.0) + weight * span
+            if end >= t_b:
+                break
+            k += 1
+
+    def slot_of(self, t: float) -> int:
+        return math.floor(t / self.slot_s)
+
+
+class WorkerCore:
+    """One worker's logic; see the module docstring. Thread-safe ``submit``."""
+
+    def __init__(
+        self,
+        worker_id: int,
+        app_state: Any,
+        *,
+        service_us: float,
+        capacity: float = 1.0,
+        throttle: str = "duty-cycle",
+        queue_batches: int = 8,
+        queue_capacity_batches: int | None = None,
+        slot_s: float = 0.5,
+        signals: SignalSettings | None = None,
+        aggregate_every_s: float = 1.0,
+        sink: Callable[[Any], None] | None = None,
+        t0: float | None = None,
+        clock: Clock = time.time,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
+        self.worker_id = int(worker_id)
+        self.app_state = app_state
+        self.throttle = throttle
+        self.clock = clock
+        self.t0 = clock() if t0 is None else float(t0)
+        self.capacity = float(capacity)
+        scale = self.capacity if throttle == "service" else 1.0
+        self.service = ServiceEmulator(service_us, scale, clock=clock, sleep=sleep)
+        self.queue_batches = int(queue_batches)
+        self.queue_capacity = int(queue_capacity_batches or queue_batches)
+        self._queue: queue.Queue[_Item | None] = queue.Queue(maxsize=self.queue_batches)
+        self.signal_settings = signals
+        self._signalers: dict[int, LoadSignaler] = {}
+        self.aggregate_every_s = float(aggregate_every_s)
+        self.sink = sink
+        self.slots = _Slots(slot_s)
+        self.latency = LatencyHistogram()
+        self.processed = 0
+        self.batches = 0
+        self.flushes = 0
+        self._lock = threading.Lock()
+        self._q_batches = 0  # in the system: queued + in service
+        self._q_msgs = 0
+        self._last_t = self._rel(clock())
+        self._last_flush = clock()
+        self._stop = threading.Event()
+
+    # ------------------------------------------------------------------ time base
+    def _rel(self, t: float) -> float:
+        return t - self.t0
+
+    def utilization_now(self) -> float:
+        return self._q_batches / self.queue_capacity
+
+    def _account(self, now_rel: float) -> None:
+        """Integrate queue length up to ``now_rel`` (lock held)."""
+        s = self.slots
+        s.add_interval(s.queue_msgs_area, self._last_t, now_rel, self._q_msgs)
+        s.add_interval(s.queue_batches_area, self._last_t, now_rel, self._q_batches)
+        self._last_t = max(self._last_t, now_rel)
+
+    def _changed(self, d_batches: int, d_msgs: int) -> None:
+        with self._lock:  # the clock is read under the lock: observations stay ordered
+            now_rel = max(self._rel(self.clock()), self._last_t)
+            self._account(now_rel)
+            self._q_batches += d_batches
+            self._q_msgs += d_msgs
+            u = max(0.0, self.utilization_now())
+            for sig in self._signalers.values():
+                sig.observe(now_rel, u)
+
+    def start_run(self, t0: float) -> None:
+        """Align the slots with the run's start (``t0`` on ``clock``); before any batch."""
+        with self._lock:
+            self.t0 = float(t0)
+            self._last_t = self._rel(self.clock())
+            self._last_flush = self.clock()
+            self.slots = _Slots(self.slots.slot_s)
+
+    # ------------------------------------------------------------------ input side
+    def submit(self, source: int, keys: Any, labels: Any, emit_ts: float) -> dict[str, Any]:
+        """Enqueue a sub-batch and block until it is processed; returns its ack."""
+        item = self.enqueue(source, keys, labels, emit_ts)
+        item.done.wait()
+        if item.error is not None:
+            raise item.error
+        assert item.ack is not None
+        return item.ack
+
+    def enqueue(self, source: int, keys: Any, labels: Any, emit_ts: float) -> _Item:
+        n = len(keys)
+        item = _Item(int(source), keys, labels, float(emit_ts), n)
+        if self.signal_settings is not None and item.source not in self._signalers:
+            with self._lock:
+                if item.source not in self._signalers:
+                    st = self.signal_settings
+                    sig = LoadSignaler(st.slot_s, st.busy_above, st.idle_below)
+                    sig.observe(max(self._rel(self.clock()), self._last_t),
+                                max(0.0, self.utilization_now()))
+                    self._signalers[item.source] = sig
+        # counted before the put: a caller blocked on a full queue is waiting in it too
+        self._changed(+1, n)
+        self._queue.put(item)  # blocks while the queue is full
+        return item
+
+    # ------------------------------------------------------------------ processing
+    def step(self, timeout: float | None = None) -> bool:
+        """Process one queued batch (False if none arrived within ``timeout``)."""
+        try:
+            item = self._queue.get(timeout=timeout) if timeout != 0 else self._queue.get_nowait()
+        except queue.Empty:
+            self.maybe_flush()
+            return False
+        if item is None:
+            return False
+        try:
+            self._process(item)
+        except BaseException as e:  # the caller gets the error instead of hanging
+            item.error = e
+            item.done.set()
+            raise
+        self.maybe_flush()
+        return True
+
+    def _process(self, item: _Item) -> None:
+        t_start = self.clock()
+        finish = self.service.serve(item.n)
+        self.app_state.process(item.keys, item.labels)
+        t_end = self.clock()
+        if item.n:
+            # app compute after the emulated service delays the whole batch
+            finish = finish + max(0.0, t_end - float(finish[-1]))
+        lat = np.maximum(finish - item.emit_ts, 0.0)
+        rel_end = self._rel(t_end)
+        s = self.slots
+        k = s.slot_of(rel_end)
+        with self._lock:
+            s.processed[k] = s.processed.get(k, 0) + item.n
+            s.add_interval(s.busy_s, self._rel(t_start), rel_end, 1.0)
+            h = s.latency.get(k)
+            if h is None:
+                h = s.latency[k] = LatencyHistogram()
+            h.add(lat)
+            self.latency.add(lat)
+            self.processed += item.n
+            self.batches += 1
+        self._changed(-1, -item.n)
+        signal = 0
+        sig = self._signalers.get(item.source)
+        if sig is not None:
+            with self._lock:
+                signal = sig.take_signal(self._last_t)
+        item.ack = {
+            "worker": self.worker_id,
+            "acked": item.n,
+            "signal": signal,
+            "lat_sum_s": float(lat.sum()) if item.n else 0.0,
+            "lat_max_s": float(lat.max()) if item.n else 0.0,
+            "done_ts": t_end,
+        }
+        item.keys = item.labels = None
+        item.done.set()
+
+    def maybe_flush(self, force: bool = False) -> bool:
+        now = self.clock()
+        if not force and now - self._last_flush < self.aggregate_every_s:
+            return False
+        self._last_flush = now
+        partial = self.app_state.flush()
+        self.flushes += 1
+        if self.sink is not None:
+            self.sink(partial)
+        return True
+
+    def run_forever(self) -> None:
+        """The processing thread: drain FIFO until ``stop()``."""
+        while not self._stop.is_set():
+            self.step(timeout=min(0.1, self.aggregate_every_s))
+
+    def stop(self) -> None:
+        self._stop.set()
+        try:
+            self._queue.put_nowait(None)
+        except queue.Full:
+            pass
+
+    # ------------------------------------------------------------------ control + reports
+    def set_capacity(self, capacity: float) -> None:
+        """Record a capacity change; in ``service`` mode it also rescales service time."""
+        self.capacity = float(capacity)
+        if self.throttle == "service":
+            self.service.set_capacity_scale(self.capacity)
+
+    def progress(self) -> dict[str, Any]:
+        return {"worker": self.worker_id, "processed": self.processed,
+                "utilization": self.utilization_now(), "queue_msgs": self._q_msgs}
+
+    def finish(self) -> dict[str, Any]:
+        """Final flush and the worker's statistics and per-slot time series."""
+        self.maybe_flush(force=True)
+        now_rel = self._rel(self.clock())
+        with self._lock:
+            self._account(now_rel)
+            s = self.slots
+            last = s.slot_of(now_rel)
+            slots = range(0, max(last, 0) + 1)
+            slot_s = s.slot_s
+            series = {
+                "slot": list(slots),
+                "processed": [s.processed.get(k, 0) for k in slots],
+                "queue_msgs": [s.queue_msgs_area.get(k, 0.0) / slot_s for k in slots],
+                "queue_batches": [s.queue_batches_area.get(k, 0.0) / slot_s for k in slots],
+                "busy": [s.busy_s.get(k, 0.0) / slot_s for k in slots],
+                "latency": {k: h.to_sparse() for k, h in s.latency.items()},
+            }
+            signals = {"increase": 0, "decrease": 0}
+            for sig in self._signalers.values():
+                for key in signals:
+                    signals[key] += sig.emitted[key]
+        return {
+            "id": self.worker_id,
+            "processed": self.processed,
+            "batches": self.batches,
+            "keys": int(self.app_state.distinct_keys()),
+            "flushes": self.flushes,
+            "stopped_s": self.service.stopped_s,
+            "latency": self.latency.to_sparse(),
+            "signals_emitted": signals,
+            "queue_capacity_batches": self.queue_capacity,
+            "series": series,
+        }
+
+
+# ============================================================================ Ray edge
+
+
+class WorkerActor:
+    """Ray edge around ``WorkerCore``: a threaded actor with one processing thread.
+
+    ``process`` (many concurrent calls) enqueues and waits for the ack; partial
+    app results go to the aggregator actor asynchronously (refs kept so that
+    ``finish`` returns only after every partial was merged).
+    """
+
+    def __init__(self, worker_id: int, app_kind: str, app_params: dict[str, Any],
+                 aggregator: Any, **kwargs: Any) -> None:
+        import ray
+
+        from runtime.apps import make_app
+
+        self._ray = ray
+        self._agg = aggregator
+        self._pending: list[Any] = []
+        app = make_app(app_kind, **app_params)
+        self.core = WorkerCore(worker_id, app.new_worker_state(), sink=self._sink, **kwargs)
+        self._thread = threading.Thread(target=self._loop, name=f"worker-{worker_id}", daemon=True)
+        self._thread.start()
+
+    def _loop(self) -> None:
+        try:
+            self.core.run_forever()
+        except BaseException as e:  # keep the actor answering; report in finish()
+            self._crash = e
+
+    def _sink(self, partial: Any) -> None:
+        self._pending.append(self._agg.merge.remote(partial))
+        if len(self._pending) > 16:
+            done, self._pending = self._ray.wait(self._pending, num_returns=len(self._pending),
+                                                 timeout=0)
+            self._ray.get(done)
+
+    def pid(self) -> int:
+        return os.getpid()
+
+    def node_id(self) -> str:
+        return self._ray.get_runtime_context().get_node_id()
+
+    def process(self, source: int, keys: Any, labels: Any, emit_ts: float) -> dict[str, Any]:
+        crash = getattr(self, "_crash", None)
+        if crash is not None:
+            raise RuntimeError(f"worker-{self.core.worker_id} processing thread died: {crash!r}")
+        return self.core.submit(source, keys, labels, emit_ts)
+
+    def set_capacity(self, capacity: float) -> None:
+        self.core.set_capacity(capacity)
+
+    def start_run(self, t0: float) -> None:
+        self.core.start_run(t0)
+
+    def progress(self) -> dict[str, Any]:
+        return self.core.progress()
+
+    def finish(self) -> dict[str, Any]:
+        self.core.stop()
+        self._thread.join(timeout=30)
+        crash = getattr(self, "_crash", None)
+        if crash is not None:
+            raise RuntimeError(f"worker-{self.core.worker_id} processing thread died: {crash!r}")
+        stats = self.core.finish()
+        self._ray.get(self._pending)
+        self._pending = []
+        stats["pid"] = os.getpid()
+        return stats
+
+
+def actor_class() -> Any:
+    import ray
+
+    return ray.remote(WorkerActor)

@@ -1,0 +1,192 @@
+"""The actors' plain classes without Ray: worker, source, aggregator, fake clock."""
+
+from __future__ import annotations
+
+import collections
+import threading
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from actors.aggregator import AggregatorCore
+from actors.source import SourceCore
+from actors.worker import SignalSettings, WorkerCore
+from runtime.apps import make_app
+from runtime.grouping import make_grouping
+
+
+class FakeTime:
+    def __init__(self, t: float = 1000.0) -> None:
+        self.t = t
+        self.lock = threading.Lock()
+
+    def clock(self) -> float:
+        return self.t
+
+    def sleep(self, s: float) -> None:
+        with self.lock:
+            self.t += s
+
+
+class DirectTransport:
+    """Sends enqueue into the worker; ``wait`` lets the workers process in FIFO order."""
+
+    def __init__(self, workers: list[WorkerCore], source: int = 0) -> None:
+        self.workers = workers
+        self.source = source
+        self.items: dict[int, tuple[int, object]] = {}
+        self.next = 0
+        self.max_inflight_seen = collections.Counter()
+
+    def send(self, worker, keys, labels, emit_ts):
+        item = self.workers[worker].enqueue(self.source, keys, labels, emit_ts)
+        tok = self.next
+        self.next += 1
+        self.items[tok] = (worker, item)
+        inflight = sum(1 for w, _ in self.items.values() if w == worker)
+        self.max_inflight_seen[worker] = max(self.max_inflight_seen[worker], inflight)
+        return tok
+
+    def wait(self, tokens, timeout):
+        if timeout == 0:
+            return []
+        tok = tokens[0]  # process the oldest outstanding batch of that worker
+        w, item = self.items.pop(tok)
+        while not item.done.is_set():
+            assert self.workers[w].step(timeout=0)
+        return [(tok, item.ack)]
+
+
+def words(n: int, n_keys: int = 50, seed: int = 0) -> list[str]:
+    rng = np.random.default_rng(seed)
+    ranks = np.minimum(rng.zipf(1.3, size=n), n_keys)
+    return [f"w{r}" for r in ranks]
+
+
+def make_workers(n: int, ft: FakeTime, sink: list, **kw) -> list[WorkerCore]:
+    app = make_app("wordcount")
+    return [WorkerCore(i, app.new_worker_state(), service_us=100.0, clock=ft.clock,
+                       sleep=ft.sleep, t0=ft.t, sink=sink.append, aggregate_every_s=0.05, **kw)
+            for i in range(n)]
+
+
+@pytest.mark.parametrize("scheme", ["kg", "sg", "pkg", "cg"])
+def test_source_to_workers_to_aggregator_is_exact(scheme: str) -> None:
+    ft = FakeTime()
+    partials: list = []
+    workers = make_workers(4, ft, partials, queue_batches=4, queue_capacity_batches=2)
+    transport = DirectTransport(workers)
+    g = make_grouping(scheme, 4, seed=3, clock=ft.clock)
+    src = SourceCore(0, g, transport, n_workers=4, max_inflight=2, clock=ft.clock,
+                     sleep=ft.sleep, t0=ft.t)
+    data = words(20_000)
+    batches = [pa.table({"key": data[i:i + 1000]}) for i in range(0, len(data), 1000)]
+    stats = src.run(batches)
+    assert stats["routed"] == stats["acked"] == 20_000
+    assert max(transport.max_inflight_seen.values()) <= 2  # backpressure window
+    assert sum(w.processed for w in workers) == 20_000
+    for w in workers:
+        w.finish()
+    agg = AggregatorCore("wordcount", {})
+    for p in partials:
+        agg.merge(p)
+    got = dict(zip(*agg.result().to_pydict().values(), strict=True))
+    assert got == dict(collections.Counter(data))
+    assert sum(stats["sent_per_worker"]) == 20_000
+    if scheme == "kg":  # one worker per key: keys held add up to the distinct keys
+        assert sum(w.app_state.distinct_keys() for w in workers) == len(set(data))
+
+
+def test_service_time_and_latency_are_per_message() -> None:
+    ft = FakeTime()
+    w = WorkerCore(0, make_app("wordcount").new_worker_state(), service_us=1000.0,
+                   clock=ft.clock, sleep=ft.sleep, t0=ft.t)
+    emit = ft.t
+    w.enqueue(0, pa.array(["a"] * 100), None, emit)
+    w.enqueue(0, pa.array(["b"] * 100), None, emit)
+    assert w.step(0) and w.step(0)
+    # 200 messages of 1 ms: the last finishes ~0.2 s after emission (minus the burst credit)
+    assert w.latency.max_s == pytest.approx(0.2 - w.service.burst_s, abs=0.002)
+    assert w.latency.count == 200
+    assert w.latency.sum_s / 200 == pytest.approx(0.1 - w.service.burst_s, abs=0.002)
+    stats = w.finish()
+    assert stats["processed"] == 200 and stats["keys"] == 2
+
+
+def test_service_mode_capacity_scales_rate() -> None:
+    ft = FakeTime()
+    w = WorkerCore(0, make_app("wordcount").new_worker_state(), service_us=100.0,
+                   capacity=0.25, throttle="service", clock=ft.clock, sleep=ft.sleep, t0=ft.t)
+    t = ft.t
+    for _ in range(20):
+        w.enqueue(0, pa.array(["a"] * 500), None, ft.t)
+        w.step(0)
+    assert 10_000 / (ft.t - t) == pytest.approx(0.25 * 1e4, rel=0.02)
+    w.set_capacity(1.0)
+    assert w.service.cost_s == pytest.approx(100e-6)
+    # in duty-cycle mode capacity is NOT applied by the emulator (applied once, by SIGSTOP)
+    d = WorkerCore(1, make_app("wordcount").new_worker_state(), service_us=100.0,
+                   capacity=0.25, throttle="duty-cycle", clock=ft.clock, sleep=ft.sleep)
+    assert d.service.cost_s == pytest.approx(100e-6)
+
+
+def test_signals_one_per_slot_per_source_from_queue_utilization() -> None:
+    ft = FakeTime(0.0)
+    w = WorkerCore(0, make_app("wordcount").new_worker_state(), service_us=0.0,
+                   queue_batches=4, queue_capacity_batches=4, clock=ft.clock, sleep=ft.sleep,
+                   t0=0.0, slot_s=1.0, signals=SignalSettings(slot_s=1.0, busy_above=0.85, idle_below=0.75))
+    # slot 0: queue full (4 of 4) the whole slot, for both sources
+    for s in (0, 1, 0, 1):
+        w.enqueue(s, pa.array(["x"] * 10), None, ft.t)
+    ft.t = 1.01
+    acks = [w._queue.queue[0]]
+    assert w.step(0)
+    first = acks[0].ack
+    assert first["signal"] == -1 and first["worker"] == 0 and first["acked"] == 10
+    assert w.step(0)  # source 1's first ack after slot 0: its own decrease signal
+    assert w._queue.queue[0].source == 0
+    w.step(0)
+    w.step(0)
+    # both acks above were in slot 1: each source got exactly one signal for slot 0
+    ft.t = 2.5  # slot 1 was mostly empty -> idle
+    w.enqueue(0, pa.array(["y"] * 10), None, ft.t)
+    item = w._queue.queue[0]
+    w.step(0)
+    assert item.ack["signal"] == 1
+    stats = w.finish()
+    assert stats["signals_emitted"] == {"increase": 1, "decrease": 2}
+    s = stats["series"]
+    assert s["queue_batches"][0] == pytest.approx(4.0)
+    assert s["processed"][1] == 40
+
+
+def test_worker_time_series_slots() -> None:
+    ft = FakeTime(0.0)
+    w = WorkerCore(0, make_app("wordcount").new_worker_state(), service_us=1000.0,
+                   slot_s=0.5, clock=ft.clock, sleep=ft.sleep, t0=0.0)
+    for _ in range(10):
+        w.enqueue(0, pa.array(["k"] * 100), None, ft.t)
+        w.step(0)  # 0.1 s per batch
+    series = w.finish()["series"]
+    assert sum(series["processed"]) == 1000
+    assert series["busy"][0] == pytest.approx(1.0, abs=0.05)
+    assert series["processed"][0] == pytest.approx(500, abs=100)
+
+
+def test_bounded_queue_blocks_and_worker_thread_drains() -> None:
+    w = WorkerCore(0, make_app("wordcount").new_worker_state(), service_us=100.0,
+                   queue_batches=2)
+    th = threading.Thread(target=w.run_forever, daemon=True)
+    th.start()
+    acks = []
+    callers = [threading.Thread(target=lambda i=i: acks.append(
+        w.submit(i % 3, pa.array([f"k{i}"] * 50), None, 0.0))) for i in range(12)]
+    for c in callers:
+        c.start()
+    for c in callers:
+        c.join(timeout=10)
+    w.stop()
+    th.join(timeout=5)
+    assert len(acks) == 12 and sum(a["acked"] for a in acks) == 600
+    assert w.finish()["keys"] == 12
