@@ -75,12 +75,15 @@ class Capacities:
 
 
 def signal_settings(topo: Topology) -> worker_mod.SignalSettings | None:
-    """Worker-side signal thresholds, if the scheme learns from signals (CG)."""
+    """Worker-side signal settings (as the simulator): only for schemes that use
+    feedback, with the grouping's ``slot_s`` / ``busy_above`` / ``idle_below``."""
     g = make_grouping(topo.grouping.scheme, topo.workers.count, seed=topo.run.seed,
                       **topo.grouping_params())
-    if not all(hasattr(g, a) for a in ("busy_above", "idle_below", "slot_s")):
+    if not g.uses_feedback:
         return None
-    return worker_mod.SignalSettings(float(g.slot_s), float(g.busy_above), float(g.idle_below))
+    return worker_mod.SignalSettings(float(getattr(g, "slot_s", topo.run.slot_s)),
+                                     float(getattr(g, "busy_above", 0.85)),
+                                     float(getattr(g, "idle_below", 0.75)))
 
 
 def _app_params(topo: Topology) -> dict[str, Any]:

@@ -1,0 +1,340 @@
+"""Heterogeneity by throttling: SIGSTOP/SIGCONT duty cycles on worker processes.
+
+``DutyCycleThrottler`` (plain class; the clock, sleep and ``kill`` are
+injected) runs one thread that, every ``period_s`` (100 ms, cpulimit-style),
+lets each throttled PID run for ``capacity * period_s`` and keeps it stopped
+for the rest. It follows a capacity schedule (``workers.changes``: ``at_s``
+seconds after the run start). PIDs at capacity >= 1 are never stopped.
+
+``CpulimitThrottler`` runs the Debian ``cpulimit`` binary per PID instead
+(``workers.throttle: cpulimit``). cpulimit limits *CPU usage*, so it slows a
+CPU-bound process; a worker whose service time is emulated with sleeps uses
+little CPU and is barely slowed by it - use ``duty-cycle`` for sleep-emulated
+work (see DESIGN.md, "Facts about the platform").
+
+Safety: every PID ever stopped gets SIGCONT on ``stop()``, when the thread
+exits for any reason (also on exceptions), and at interpreter exit; a
+throttler is also a context manager. A process must never be left stopped.
+
+Multi-node: a throttler only signals processes of its own machine. The driver
+runs one in a thread for the workers on its node, and ``ThrottleActor`` (the
+same class behind ``ray.remote``, pinned to a node) for every other node.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import shutil
+import signal
+import subprocess
+import threading
+import time
+import weakref
+from collections.abc import Callable, Iterable
+from typing import Any
+
+Clock = Callable[[], float]
+
+_LIVE: weakref.WeakSet[Any] = weakref.WeakSet()
+
+
+@atexit.register
+def _release_all() -> None:  # pragma: no cover - interpreter exit
+    for t in list(_LIVE):
+        try:
+            t.stop()
+        except Exception:
+            pass
+
+
+class ThrottleError(RuntimeError):
+    pass
+
+
+class DutyCycleThrottler:
+    """Duty-cycle throttling of local PIDs to their capacities; see the module docstring."""
+
+    def __init__(
+        self,
+        period_s: float = 0.1,
+        *,
+        clock: Clock = time.time,
+        kill: Callable[[int, int], None] = os.kill,
+    ) -> None:
+        if not period_s > 0:
+            raise ValueError(f"period_s must be > 0 (got {period_s})")
+        self.period_s = float(period_s)
+        self.clock = clock
+        self.kill = kill
+        self.capacities: dict[int, float] = {}
+        self._schedule: list[tuple[float, int, float]] = []  # (absolute time, pid, capacity)
+        self._stopped: set[int] = set()  # PIDs we stopped and have not resumed yet
+        self._ever: set[int] = set()
+        self._lock = threading.Lock()
+        self._halt = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.applied: list[tuple[float, int, float]] = []  # changes applied (time, pid, cap)
+        self.error: BaseException | None = None
+        self.cycles = 0
+        _LIVE.add(self)
+
+    # ------------------------------------------------------------------ configuration
+    def set_capacity(self, pid: int, capacity: float) -> None:
+        if not capacity > 0:
+            raise ValueError(f"capacity must be > 0 (got {capacity} for pid {pid})")
+        with self._lock:
+            self.capacities[int(pid)] = float(capacity)
+            self._ever.add(int(pid))
+
+    def schedule(self, changes: Iterable[tuple[float, int, float]], t0: float) -> None:
+        """Capacity changes ``(at_s, pid, capacity)``, ``at_s`` seconds after ``t0``."""
+        with self._lock:
+            self._schedule += [(t0 + float(at), int(pid), float(c)) for at, pid, c in changes]
+            self._schedule.sort()
+
+    def _apply_due(self, now: float) -> None:
+        while self._schedule and self._schedule[0][0] <= now:
+            _, pid, cap = self._schedule.pop(0)
+            self.capacities[pid] = cap
+            self._ever.add(pid)
+            self.applied.append((now, pid, cap))
+
+    # ------------------------------------------------------------------ signals
+    def _signal(self, pid: int, sig: int) -> bool:
+        try:
+            self.kill(pid, sig)
+            return True
+        except ProcessLookupError:  # the process is gone: forget it
+            self.capacities.pop(pid, None)
+            self._stopped.discard(pid)
+            return False
+
+    def _stop_pid(self, pid: int) -> None:
+        # mark first: if the kill races with release, release will SIGCONT it
+        self._stopped.add(pid)
+        if not self._signal(pid, signal.SIGSTOP):
+            self._stopped.discard(pid)
+
+    def release(self) -> None:
+        """SIGCONT every PID this throttler ever touched (idempotent)."""
+        with self._lock:
+            pids = set(self._stopped) | set(self._ever)
+            self._stopped.clear()
+        for pid in pids:
+            try:
+                self.kill(pid, signal.SIGCONT)
+            except (ProcessLookupError, PermissionError):
+                pass
+
+    # ------------------------------------------------------------------ the cycle
+    def cycle(self, wait: Callable[[float], bool]) -> None:
+        """One period: run everyone, stop each PID after ``capacity * period``.
+
+        ``wait(seconds)`` sleeps and returns True if the throttler was halted.
+        """
+        start = self.clock()
+        with self._lock:
+            self._apply_due(start)
+            for pid in list(self._stopped):
+                self._signal(pid, signal.SIGCONT)
+                self._stopped.discard(pid)
+            plan = sorted((c, pid) for pid, c in self.capacities.items() if c < 1.0)
+        self.cycles += 1
+        for cap, pid in plan:
+            delay = start + cap * self.period_s - self.clock()
+            if delay > 0 and wait(delay):
+                return
+            with self._lock:
+                if self.capacities.get(pid, 1.0) < 1.0:
+                    self._stop_pid(pid)
+        delay = start + self.period_s - self.clock()
+        if delay > 0:
+            wait(delay)
+
+    def _run(self) -> None:
+        try:
+            while not self._halt.is_set():
+                self.cycle(self._halt.wait)
+        except BaseException as e:  # never leave a process stopped
+            self.error = e
+        finally:
+            self.release()
+
+    def start(self) -> DutyCycleThrottler:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="throttle", daemon=True)
+            self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._halt.set()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(timeout=5)
+        self.release()
+        _LIVE.discard(self)
+
+    def status(self) -> dict[str, Any]:
+        return {"capacities": dict(self.capacities), "cycles": self.cycles,
+                "applied": list(self.applied),
+                "error": repr(self.error) if self.error else None}
+
+    def __enter__(self) -> DutyCycleThrottler:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+class CpulimitThrottler:
+    """One ``cpulimit -p PID -l PCT`` process per throttled PID (Debian binary)."""
+
+    def __init__(self, binary: str | None = None, *, clock: Clock = time.time,
+                 kill: Callable[[int, int], None] = os.kill) -> None:
+        found = binary or shutil.which("cpulimit")
+        if not found:
+            raise ThrottleError(
+                "workers.throttle: cpulimit is not installed (apt-get install cpulimit), "
+                "or use throttle: duty-cycle"
+            )
+        self.binary = found
+        self.clock = clock
+        self.kill = kill
+        self.capacities: dict[int, float] = {}
+        self._procs: dict[int, subprocess.Popen[bytes]] = {}
+        self._schedule: list[tuple[float, int, float]] = []
+        self._halt = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()
+        self.applied: list[tuple[float, int, float]] = []
+        self.error: BaseException | None = None
+        _LIVE.add(self)
+
+    def _launch(self, pid: int, cap: float) -> None:
+        old = self._procs.pop(pid, None)
+        if old is not None:
+            _terminate(old)
+            self._cont(pid)
+        if cap < 1.0:
+            pct = max(1, round(cap * 100))
+            self._procs[pid] = subprocess.Popen(
+                [self.binary, "-p", str(pid), "-l", str(pct)],
+                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+    def _cont(self, pid: int) -> None:
+        try:
+            self.kill(pid, signal.SIGCONT)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+    def set_capacity(self, pid: int, capacity: float) -> None:
+        with self._lock:
+            self.capacities[int(pid)] = float(capacity)
+            if self._thread is not None:
+                self._launch(int(pid), float(capacity))
+
+    def schedule(self, changes: Iterable[tuple[float, int, float]], t0: float) -> None:
+        with self._lock:
+            self._schedule += [(t0 + float(at), int(pid), float(c)) for at, pid, c in changes]
+            self._schedule.sort()
+
+    def _run(self) -> None:
+        try:
+            while not self._halt.wait(0.05):
+                with self._lock:
+                    now = self.clock()
+                    while self._schedule and self._schedule[0][0] <= now:
+                        _, pid, cap = self._schedule.pop(0)
+                        self.capacities[pid] = cap
+                        self.applied.append((now, pid, cap))
+                        self._launch(pid, cap)
+        except BaseException as e:
+            self.error = e
+        finally:
+            self.release()
+
+    def start(self) -> CpulimitThrottler:
+        with self._lock:
+            for pid, cap in self.capacities.items():
+                self._launch(pid, cap)
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="cpulimit", daemon=True)
+                self._thread.start()
+        return self
+
+    def release(self) -> None:
+        with self._lock:
+            procs, self._procs = self._procs, {}
+            for pid, p in procs.items():
+                _terminate(p)
+                self._cont(pid)
+            for pid in self.capacities:
+                self._cont(pid)
+
+    def stop(self) -> None:
+        self._halt.set()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(timeout=5)
+        self.release()
+        _LIVE.discard(self)
+
+    def status(self) -> dict[str, Any]:
+        return {"capacities": dict(self.capacities), "applied": list(self.applied),
+                "error": repr(self.error) if self.error else None}
+
+    def __enter__(self) -> CpulimitThrottler:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def _terminate(p: subprocess.Popen[bytes]) -> None:
+    if p.poll() is None:
+        p.terminate()
+        try:
+            p.wait(timeout=2)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait(timeout=2)
+
+
+def make_throttler(mode: str, period_s: float = 0.1) -> DutyCycleThrottler | CpulimitThrottler:
+    """``duty-cycle`` or ``cpulimit`` (``service`` mode needs no throttler)."""
+    if mode == "duty-cycle":
+        return DutyCycleThrottler(period_s)
+    if mode == "cpulimit":
+        return CpulimitThrottler()
+    raise ValueError(f"workers.throttle: no process throttler for mode {mode!r}")
+
+
+class ThrottleActor:
+    """A throttler for the workers of one node (``ray.remote`` + node affinity).
+
+    Same methods as the local throttlers; ``stop`` resumes everything.
+    """
+
+    def __init__(self, mode: str, period_s: float = 0.1) -> None:
+        self.t = make_throttler(mode, period_s)
+
+    def set_capacity(self, pid: int, capacity: float) -> None:
+        self.t.set_capacity(pid, capacity)
+
+    def schedule(self, changes: list[tuple[float, int, float]], t0: float) -> None:
+        self.t.schedule(changes, t0)
+
+    def start(self) -> None:
+        self.t.start()
+
+    def stop(self) -> dict[str, Any]:
+        self.t.stop()
+        return self.t.status()
+
+    def status(self) -> dict[str, Any]:
+        return self.t.status()
+
+
+def actor_class() -> Any:
+    import ray
+
+    return ray.remote(ThrottleActor)

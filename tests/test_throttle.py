@@ -1,0 +1,138 @@
+"""Duty-cycle throttler: signal sequence with a fake kill, schedule, never leave a stop."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from actors.throttle import CpulimitThrottler, DutyCycleThrottler, ThrottleError
+
+
+class FakeKill:
+    def __init__(self, clock) -> None:
+        self.clock = clock
+        self.calls: list[tuple[float, int, str]] = []
+        self.gone: set[int] = set()
+
+    def __call__(self, pid: int, sig: int) -> None:
+        if pid in self.gone:
+            raise ProcessLookupError(pid)
+        self.calls.append((round(self.clock(), 6), pid, signal.Signals(sig).name))
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.t = 0.0
+
+    def __call__(self) -> float:
+        return self.t
+
+    def wait(self, s: float) -> bool:
+        self.t += s
+        return False
+
+
+def test_cycle_stops_each_pid_for_its_share_of_the_period() -> None:
+    clk = FakeClock()
+    kill = FakeKill(clk)
+    th = DutyCycleThrottler(0.1, clock=clk, kill=kill)
+    th.set_capacity(11, 0.3)
+    th.set_capacity(12, 0.7)
+    th.set_capacity(13, 1.0)  # full speed: never signalled during cycles
+    th.cycle(clk.wait)
+    th.cycle(clk.wait)
+    assert kill.calls == [
+        (0.03, 11, "SIGSTOP"), (0.07, 12, "SIGSTOP"),
+        (0.1, 11, "SIGCONT"), (0.1, 12, "SIGCONT"),
+        (0.13, 11, "SIGSTOP"), (0.17, 12, "SIGSTOP"),
+    ]
+    th.release()
+    assert {(p, s) for _, p, s in kill.calls[-3:]} == {
+        (11, "SIGCONT"), (12, "SIGCONT"), (13, "SIGCONT")}
+
+
+def test_schedule_applies_changes_at_their_time() -> None:
+    clk = FakeClock()
+    kill = FakeKill(clk)
+    th = DutyCycleThrottler(0.1, clock=clk, kill=kill)
+    th.set_capacity(5, 1.0)
+    th.schedule([(0.2, 5, 0.5), (0.4, 5, 1.0)], t0=0.0)
+    for _ in range(6):
+        th.cycle(clk.wait)
+    stops = [t for t, _, s in kill.calls if s == "SIGSTOP"]
+    assert stops == [pytest.approx(0.25), pytest.approx(0.35)]
+    assert [(p, c) for _, p, c in th.applied] == [(5, 0.5), (5, 1.0)]
+
+
+def test_vanished_process_is_forgotten() -> None:
+    clk = FakeClock()
+    kill = FakeKill(clk)
+    th = DutyCycleThrottler(0.1, clock=clk, kill=kill)
+    th.set_capacity(7, 0.5)
+    kill.gone.add(7)
+    th.cycle(clk.wait)
+    assert 7 not in th.capacities
+
+
+def test_error_in_thread_still_resumes_everything() -> None:
+    sent: list[tuple[int, int]] = []
+    state = {"n": 0}
+
+    def kill(pid: int, sig: int) -> None:
+        sent.append((pid, sig))
+        state["n"] += 1
+        if sig == signal.SIGSTOP and state["n"] > 3:
+            raise PermissionError("boom")
+
+    th = DutyCycleThrottler(0.02, kill=kill)
+    th.set_capacity(21, 0.5)
+    th.start()
+    deadline = time.time() + 5
+    while th.error is None and time.time() < deadline:
+        time.sleep(0.01)
+    th.stop()
+    assert isinstance(th.error, PermissionError)
+    assert sent[-1] == (21, signal.SIGCONT)
+
+
+def test_real_process_is_stopped_and_always_resumed() -> None:
+    """A real child process: it is stopped part of the time, and running after stop()."""
+    child = subprocess.Popen([sys.executable, "-c", "import time\nwhile True: time.sleep(0.01)"])
+    try:
+        with DutyCycleThrottler(0.1) as th:
+            th.set_capacity(child.pid, 0.2)
+            seen_stopped = False
+            for _ in range(100):
+                time.sleep(0.013)
+                if _state(child.pid) == "T":
+                    seen_stopped = True
+                    break
+            assert seen_stopped
+        time.sleep(0.05)
+        assert _state(child.pid) in ("S", "R")
+    finally:
+        os.kill(child.pid, signal.SIGCONT)
+        child.kill()
+        child.wait()
+
+
+def _state(pid: int) -> str:
+    with open(f"/proc/{pid}/stat") as f:
+        return f.read().rsplit(")", 1)[1].split()[0]
+
+
+@pytest.mark.skipif(shutil.which("cpulimit") is not None, reason="cpulimit is installed")
+def test_cpulimit_missing_is_a_clear_error() -> None:
+    with pytest.raises(ThrottleError, match="cpulimit is not installed"):
+        CpulimitThrottler()
+
+
+def test_bad_period() -> None:
+    with pytest.raises(ValueError, match="period_s"):
+        DutyCycleThrottler(0)
