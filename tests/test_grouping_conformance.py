@@ -107,3 +107,17 @@ def test_sg_counts_differ_by_at_most_one() -> None:
     w = np.concatenate([g.route(zipf_hashes(m, seed=m)) for m in (1, 13, 400, 999)])
     c = np.bincount(w, minlength=7)
     assert c.max() - c.min() <= 1
+
+
+#: schemes whose routing uses per-source randomness on purpose
+PER_SOURCE_RANDOM = {"sg", "potc"}
+
+
+@pytest.mark.parametrize("name", [s for s in ALL if s not in PER_SOURCE_RANDOM])
+def test_key_placement_is_the_same_on_every_source(name: str) -> None:
+    """Engines give source i the seed ``run.seed + i``: a key's choices must not
+    depend on it, or sources would disagree on where a key lives."""
+    h = zipf_hashes(4000)
+    a = make_grouping(name, n_workers=8, seed=0).route(h)
+    b = make_grouping(name, n_workers=8, seed=12345).route(h)
+    np.testing.assert_array_equal(a, b)

@@ -191,6 +191,8 @@ class ConsistentHashing(Grouping):
     Tunables:
         vnodes: virtual nodes per worker, in ``[1, 100_000]`` (default 100;
             more = smoother shares, larger ring).
+        ring_seed: seed of the ring's points (default 0). It must be the same
+            on every source; the per-source ``seed`` is not used.
 
     ``on_workers_changed(alive)`` makes the ring hold exactly ``alive``:
     departed workers' points are removed (only their keys move), new workers'
@@ -202,13 +204,20 @@ class ConsistentHashing(Grouping):
     name = "ch"
 
     def __init__(
-        self, n_workers: int, seed: int = 0, clock: Clock | None = None, vnodes: int = 100
+        self,
+        n_workers: int,
+        seed: int = 0,
+        clock: Clock | None = None,
+        vnodes: int = 100,
+        ring_seed: int = 0,
     ) -> None:
         super().__init__(n_workers, seed, clock)
         if not 1 <= vnodes <= MAX_VNODES:
             raise ValueError(f"vnodes must be in [1, {MAX_VNODES}] (got {vnodes})")
         self.vnodes = int(vnodes)
-        self.ring = Ring(n_workers, vnodes=vnodes, seed=seed)
+        # the ring must be identical on every source, so it never uses the
+        # per-source ``seed``
+        self.ring = Ring(n_workers, vnodes=vnodes, seed=int(ring_seed))
 
     def route(self, key_hashes: np.ndarray) -> np.ndarray:
         return self.ring.lookup(key_hashes)

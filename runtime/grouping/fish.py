@@ -230,6 +230,8 @@ class FISH(Grouping):
         vnodes: ring virtual nodes per worker, in ``[1, 100_000]`` (default 100).
         ewma_weight: weight of a new ack-timing sample in ``T_w``, in
             ``(0, 1]`` (default 0.25).
+        ring_seed: seed of the ring's points (default 0), the same on every
+            source; the per-source ``seed`` is not used for key placement.
     """
 
     name = "fish"
@@ -247,6 +249,7 @@ class FISH(Grouping):
         d_min: int = 2,
         vnodes: int = 100,
         ewma_weight: float = 0.25,
+        ring_seed: int = 0,
     ) -> None:
         super().__init__(n_workers, seed, clock)
         _check_int("epoch", epoch, 1, 10**9)
@@ -266,7 +269,8 @@ class FISH(Grouping):
         self.d_min = int(d_min)
         self.vnodes = int(vnodes)
         self.ewma_weight = float(ewma_weight)
-        self.ring = Ring(self.n_workers, vnodes=self.vnodes, seed=self.seed)
+        # identical on every source: never the per-source ``seed``
+        self.ring = Ring(self.n_workers, vnodes=self.vnodes, seed=int(ring_seed))
         k = self.capacity
         self._ck = np.zeros(k, dtype=np.uint64)
         self._cc = np.zeros(k, dtype=np.float64)
