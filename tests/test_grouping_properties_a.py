@@ -320,3 +320,105 @@ def test_choices_validate_params(name: str, param: str, value: float) -> None:
 def test_all_my_schemes_registered() -> None:
     for name in ("pkg", "potc", "dchoices", "wchoices"):
         assert name in SCHEMES
+
+
+# ---------------------------------------------------------------- CHBL
+
+
+@HYP
+@given(
+    st.integers(1, 12),
+    st.sampled_from([0.05, 0.25, 1.0]),
+    st.integers(1, 3000),
+    st.integers(0, 100),
+)
+def test_chbl_never_exceeds_capacity(n: int, eps: float, m: int, seed: int) -> None:
+    h = zipf_hashes(m, n_keys=200, z=1.4, seed=seed)
+    g = make_grouping("chbl", n, eps=eps)
+    w = np.concatenate([g.route(c) for c in np.array_split(h, 7)])
+    loads = np.zeros(n, dtype=np.int64)
+    for i, x in enumerate(w.tolist(), start=1):
+        loads[x] += 1
+        assert loads[x] <= math.ceil((1 + eps) * i / n)  # at every prefix
+    assert loads.max() <= math.ceil((1 + eps) * m / n)
+
+
+def test_chbl_keys_stay_on_their_ring_successor_while_there_is_room() -> None:
+    n = 8
+    h = zipf_hashes(20_000, n_keys=5000, z=0.5, seed=9)  # mild skew: little overflow
+    g = make_grouping("chbl", n, eps=0.25)
+    w = g.route(h)
+    home = g.ring.lookup(h)
+    assert (w == home).mean() > 0.8
+    hot = zipf_hashes(20_000, n_keys=500, z=1.5, seed=9)
+    g2 = make_grouping("chbl", n, eps=0.25)
+    w2 = g2.route(hot)
+    top = collections.Counter(hot.tolist()).most_common(1)[0][0]
+    assert len(set(w2[hot == top].tolist())) > 1  # the hot key overflows clockwise
+    assert np.bincount(w2, minlength=n).max() <= math.ceil(1.25 * len(hot) / n)
+
+
+# ---------------------------------------------------------------- Gedik
+
+
+@pytest.mark.parametrize("heuristic", ["readj", "scan", "redist"])
+def test_gedik_heavy_keys_in_table_and_migration_reported(heuristic: str) -> None:
+    n, window = 8, 20_000
+    keys = zipf_keys(6 * window, 10_000, 1.1, seed=11)
+    h = hash_keys(keys)
+    g = make_grouping("gedik", n, rebuild_every=window, heuristic=heuristic)
+    w = np.concatenate([g.route(h[i : i + 1000]) for i in range(0, len(h), 1000)])
+    stats = g.stats()
+    assert stats["rebuilds"] == 6
+    # heavy keys (frequency >= delta in the last window) are in the table
+    last = collections.Counter(h[-window:].tolist())
+    table = g.table
+    heavy = [k for k, c in last.items() if c >= g.delta * window]
+    light = [k for k, c in last.items() if c < (g.delta - g.lc_eps) * window]
+    assert len(heavy) >= 10
+    assert all(k in table for k in heavy)
+    assert not any(k in table for k in light)
+    # table lookups are honoured between rebuilds; others follow the ring
+    np.testing.assert_array_equal(g.lookup(h[-1000:]), make_lookup(g, h[-1000:]))
+    # migration per rebuild: reported, and far below rehashing everything
+    fr = stats["migration_fraction"]
+    assert len(fr) == 6 and all(0 <= x <= 1 for x in fr)
+    rehash = 1 - 1 / n  # a fresh hash moves a key with probability (n-1)/n
+    assert max(fr[1:]) < rehash / 2
+    assert stats["relative_migration"][-1] == pytest.approx(fr[-1] * n)
+    assert stats["migrations"] >= 0 and w.max() < n
+
+
+def make_lookup(g: object, h: np.ndarray) -> np.ndarray:
+    from runtime.grouping.gedik import GedikPartitioning
+
+    assert isinstance(g, GedikPartitioning)
+    table = g.table
+    ring = g.ring.lookup(h)
+    return np.array([table.get(k, r) for k, r in zip(h.tolist(), ring.tolist(), strict=True)])
+
+
+def test_gedik_balances_better_than_consistent_hashing() -> None:
+    n, window = 8, 20_000
+    h = zipf_hashes(5 * window, n_keys=10_000, z=0.9, seed=12)
+    g = make_grouping("gedik", n, rebuild_every=window)
+    w = np.concatenate([g.route(h[i : i + 1000]) for i in range(0, len(h), 1000)])
+    ch = make_grouping("ch", n).route(h)
+    after = slice(window, None)  # once the table exists
+    assert norm_imbalance(w[after], n) < 0.7 * norm_imbalance(ch[after], n)
+
+
+@pytest.mark.parametrize(
+    "name,param,value",
+    [
+        ("chbl", "eps", 0.0),
+        ("chbl", "vnodes", 0),
+        ("gedik", "rebuild_every", 10),
+        ("gedik", "heuristic", "best"),
+        ("gedik", "alpha", 1.0),
+        ("gedik", "sigma", 0.0),
+    ],
+)
+def test_validate_params(name: str, param: str, value: object) -> None:
+    with pytest.raises(ValueError, match=param):
+        make_grouping(name, 4, **{param: value})

@@ -4,7 +4,7 @@
 ``SCHEMES`` maps names to classes. Importing this package registers all.
 """
 
-from runtime.grouping import cg, ch, dchoices, fish, kg, pkg, porc, potc, sg  # noqa: F401  (registration side effects)
+from runtime.grouping import cg, ch, chbl, dchoices, fish, gedik, kg, pkg, porc, potc, sg  # noqa: F401  (registration side effects)
 from runtime.grouping.base import SCHEMES, Grouping, make_grouping, register, scheme_params
 
 __all__ = ["SCHEMES", "Grouping", "make_grouping", "register", "scheme_params"]
