@@ -1,0 +1,90 @@
+"""Routing speed of every registered grouping scheme, in ns per message.
+
+Routes ``--messages`` Zipf(``--skew``) key hashes in micro-batches of
+``--batch`` through a fresh instance of each scheme (after a warm-up call, so
+JIT compilation is excluded) and compares with a vectorized ``hash % n``
+baseline measured in the same run. Each number is the median of ``--repeat``
+repetitions. New schemes are picked up automatically from ``SCHEMES``.
+
+    python scripts/bench_routing.py [--messages 2000000] [--workers 8] [--batch 1000]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from collections.abc import Callable
+
+import numpy as np
+
+from runtime.grouping import SCHEMES, make_grouping
+from runtime.hashing import hash_keys
+
+
+def zipf_hashes(m: int, n_keys: int, skew: float, seed: int) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    p = np.arange(1, n_keys + 1, dtype=np.float64) ** -skew
+    p /= p.sum()
+    return hash_keys(rng.choice(n_keys, size=m, p=p).astype(np.int64))
+
+
+def time_batches(route: Callable[[np.ndarray], np.ndarray], batches: list[np.ndarray]) -> float:
+    t0 = time.perf_counter()
+    for b in batches:
+        route(b)
+    return time.perf_counter() - t0
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--messages", type=int, default=2_000_000)
+    ap.add_argument("--workers", type=int, default=8)
+    ap.add_argument("--batch", type=int, default=1000)
+    ap.add_argument("--keys", type=int, default=100_000, help="distinct keys")
+    ap.add_argument("--skew", type=float, default=1.1)
+    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--schemes", default="", help="comma-separated subset (default: all)")
+    args = ap.parse_args(argv)
+    if args.messages < 1 or args.workers < 1 or args.batch < 1 or args.repeat < 1:
+        print("--messages, --workers, --batch and --repeat must be >= 1", file=sys.stderr)
+        return 2
+    names = [s for s in args.schemes.split(",") if s] or sorted(SCHEMES)
+    unknown = [s for s in names if s not in SCHEMES]
+    if unknown:
+        print(f"unknown scheme(s): {', '.join(unknown)}", file=sys.stderr)
+        return 2
+    h = zipf_hashes(args.messages, args.keys, args.skew, seed=0)
+    batches = [h[i : i + args.batch] for i in range(0, len(h), args.batch)]
+    n = args.workers
+    nn = np.uint64(n)
+
+    def baseline(b: np.ndarray) -> np.ndarray:
+        return (b % nn).astype(np.int32)
+
+    base_s = statistics.median(time_batches(baseline, batches) for _ in range(args.repeat))
+    base_ns = base_s / len(h) * 1e9
+    rows = []
+    for i, name in enumerate(names, start=1):
+        print(f"[{i}/{len(names)}] {name} ...", file=sys.stderr, flush=True)
+        make_grouping(name, n_workers=n, seed=0).route(h[: 2 * args.batch])  # JIT warm-up
+        times = []
+        for _ in range(args.repeat):
+            g = make_grouping(name, n_workers=n, seed=0)
+            times.append(time_batches(g.route, batches))
+        ns = statistics.median(times) / len(h) * 1e9
+        rows.append((name, ns, ns / base_ns))
+    print(
+        f"{len(h):,} Zipf({args.skew}) messages over {args.keys:,} keys, "
+        f"{n} workers, batches of {args.batch}, median of {args.repeat}"
+    )
+    print(f"{'scheme':<10} {'ns/msg':>8} {'x hash%n':>9}")
+    print(f"{'hash % n':<10} {base_ns:>8.1f} {1.0:>9.2f}")
+    for name, ns, ratio in rows:
+        print(f"{name:<10} {ns:>8.1f} {ratio:>9.2f}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
