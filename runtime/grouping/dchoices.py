@@ -43,7 +43,7 @@ import numpy as np
 
 from runtime.grouping.base import Clock, Grouping, register
 from runtime.grouping.fastmod import magic_of, mod_n
-from runtime.grouping.pkg import pkg_candidates
+from runtime.grouping.pkg import pkg_pair
 from runtime.hashing import choice_scalar
 from runtime.jit import kernel
 from runtime.sketches import SpaceSaving, ss_update
@@ -90,8 +90,6 @@ def _refresh_d(
 @kernel()
 def _choices_route(
     key_hashes: np.ndarray,
-    c1: np.ndarray,
-    c2: np.ndarray,
     out: np.ndarray,
     loads: np.ndarray,
     ss_keys: np.ndarray,
@@ -116,18 +114,17 @@ def _choices_route(
         s = ss_update(ss_keys, ss_counts, ss_errors, ss_heap, ss_pos, ss_table, ss_meta, h, 1)
         state[0] += 1
         m = state[0]
-        a = c1[i]
-        b = c2[i]
+        a, b = pkg_pair(h, nn, magic)
         w = b if loads[b] < loads[a] else a
         if ss_counts[s] > theta * m:  # head key
             if mode == MODE_W or state[1] >= n:
-                w = 0
+                w = np.int64(0)
                 for j in range(1, n):
                     if loads[j] < loads[w]:
-                        w = j
+                        w = np.int64(j)
             else:
                 for j in range(3, state[1] + 1):
-                    c = np.int32(mod_n(choice_scalar(h, j), nn, magic))
+                    c = np.int64(mod_n(choice_scalar(h, j), nn, magic))
                     if loads[c] < loads[w]:
                         w = c
         loads[w] += 1
@@ -182,10 +179,9 @@ class _HeadTailChoices(Grouping):
 
     def route(self, key_hashes: np.ndarray) -> np.ndarray:
         h = np.ascontiguousarray(key_hashes, dtype=np.uint64)
-        c1, c2 = pkg_candidates(h, self.n_workers)
         out = np.empty(len(h), dtype=np.int32)
         _choices_route(
-            h, c1, c2, out, self.loads, *self.summary.arrays, self._state,
+            h, out, self.loads, *self.summary.arrays, self._state,
             self.theta, self.eps, self.refresh_every, self.mode,
         )  # fmt: skip
         return out

@@ -13,7 +13,9 @@ frequency ``p_1 <= 2/n`` (paper, section 4).
 
 Structure (Storm's ``PartialKeyGrouping``): a deterministic candidate function
 (``pkg_candidates``, module-level, the same on every machine) and a stateful
-selector (``_pkg_select``, the compiled greedy loop over local counts).
+selector (``_pkg_select``, the compiled greedy loop over local counts),
+which evaluates the same candidate function per message (``pkg_pair``,
+inlined) instead of materializing the candidate arrays.
 """
 
 from __future__ import annotations
@@ -24,6 +26,21 @@ from numba import njit
 from runtime.grouping.base import Clock, Grouping, register
 from runtime.grouping.fastmod import magic_of, mod_n
 from runtime.hashing import choice_scalar
+from runtime.jit import kernel
+
+
+@kernel(inline=True)
+def pkg_pair(
+    h: np.uint64, nn: np.uint64, magic: np.uint64
+) -> tuple[np.int64, np.int64]:  # pragma: no cover
+    """One key's candidates ``(c1, c2)`` (``magic = mod_magic(n)``); compiled, inlined."""
+    a = mod_n(choice_scalar(h, 1), nn, magic)
+    b = mod_n(choice_scalar(h, 2), nn, magic)
+    if a == b:
+        b += np.uint64(1)
+        if b == nn:
+            b = np.uint64(0)
+    return np.int64(a), np.int64(b)
 
 
 @njit(cache=True)
@@ -31,7 +48,8 @@ def pkg_candidates(key_hashes: np.ndarray, n_workers: int) -> tuple[np.ndarray, 
     """The two candidate workers of every key: ``(c1, c2)``, ``int32[m]`` each.
 
     ``c1 = H_1 mod n``, ``c2 = H_2 mod n``, ``c2 = (c2 + 1) mod n`` if equal
-    (so ``c1 != c2`` whenever ``n >= 2``). Pure function of the hash.
+    (so ``c1 != c2`` whenever ``n >= 2``). Pure function of the hash; the
+    routing kernels call the same ``pkg_pair``.
     """
     m = key_hashes.shape[0]
     c1 = np.empty(m, dtype=np.int32)
@@ -39,28 +57,24 @@ def pkg_candidates(key_hashes: np.ndarray, n_workers: int) -> tuple[np.ndarray, 
     nn = np.uint64(n_workers)
     magic = magic_of(nn)
     for i in range(m):
-        h = key_hashes[i]
-        a = np.int32(mod_n(choice_scalar(h, 1), nn, magic))
-        b = np.int32(mod_n(choice_scalar(h, 2), nn, magic))
-        if a == b:
-            b = np.int32((b + 1) % n_workers)
+        a, b = pkg_pair(key_hashes[i], nn, magic)
         c1[i] = a
         c2[i] = b
     return c1, c2
 
 
-@njit(cache=True)
-def _pkg_select(c1: np.ndarray, c2: np.ndarray, loads: np.ndarray) -> np.ndarray:
+@kernel()
+def _pkg_select(
+    key_hashes: np.ndarray, loads: np.ndarray, out: np.ndarray
+) -> None:  # pragma: no cover
     """Greedy selector: the less loaded candidate, ties to ``c1``; updates ``loads``."""
-    m = c1.shape[0]
-    out = np.empty(m, dtype=np.int32)
-    for i in range(m):
-        a = c1[i]
-        b = c2[i]
+    nn = np.uint64(loads.shape[0])
+    magic = magic_of(nn)
+    for i in range(key_hashes.shape[0]):
+        a, b = pkg_pair(key_hashes[i], nn, magic)
         w = b if loads[b] < loads[a] else a
         loads[w] += 1
         out[i] = w
-    return out
 
 
 @register
@@ -81,5 +95,7 @@ class PartialKeyGrouping(Grouping):
         return pkg_candidates(np.ascontiguousarray(key_hashes, dtype=np.uint64), self.n_workers)
 
     def route(self, key_hashes: np.ndarray) -> np.ndarray:
-        c1, c2 = self.candidates(key_hashes)
-        return _pkg_select(c1, c2, self.loads)
+        h = np.ascontiguousarray(key_hashes, dtype=np.uint64)
+        out = np.empty(len(h), dtype=np.int32)
+        _pkg_select(h, self.loads, out)
+        return out
