@@ -86,7 +86,7 @@ def summary_table(report: dict[str, Any]) -> str:
         ("duration", f"{report['duration_s']:.2f} s"),
         ("throughput", f"{report['throughput_msgs_per_s']:,.0f} msgs/s"),
     ]
-    if "capacity_efficiency" in report:
+    if report.get("capacity_efficiency") is not None:
         rows.append(("capacity efficiency", f"{report['capacity_efficiency']:.3f}"))
     rows += [
         ("latency p50 / p99 / max",

@@ -1,0 +1,442 @@
+"""The discrete-event core of the simulator: sources, FIFO workers, acks.
+
+A queueing model of the real runtime (DESIGN.md), simulated at micro-batch
+granularity; no I/O, no wall clock, no Ray.
+
+- Stream: global micro-batch ``b`` (messages ``b*batch .. (b+1)*batch-1``)
+  belongs to source ``b mod sources``, so every source sees the same phase of
+  a time-evolving stream at the same time. With ``run.rate > 0`` batch ``b``
+  is taken no earlier than ``b * batch / rate`` (the sources together offer
+  ``rate`` msgs/s); with ``rate = 0`` as fast as backpressure allows.
+- Source ``s`` routes each batch with its *own* grouping instance
+  (``seed = run.seed + s``; local state only, clock = simulated time), splits
+  it by worker and sends the sub-batches in worker order. It keeps at most
+  ``run.max_inflight`` unacknowledged sub-batches per worker: when the worker
+  it must send to next is full, it blocks until that worker acknowledges.
+- Emit time of a message = when its sub-batch is sent (the real source stamps
+  each sub-batch as it sends it), so time a source spends blocked is not
+  latency; transport source -> worker is instantaneous.
+- Worker ``w``: one FIFO queue, one message at a time, service time
+  ``service_us / capacity_w(t)`` with the capacity of the moment the message
+  starts (``workers.changes`` apply at ``at_s``; every throttle mechanism is
+  modelled as exact). ``finish_i = max(arrival_i, finish_{i-1}) + service``;
+  latency = finish - emit.
+- A sub-batch is acknowledged ``ack_delay_s`` after its last message
+  finishes; the ack carries the acked count and a load signal.
+- Utilization, as the real worker measures it (``actors/worker.py``):
+  ``U_w = queue length in batches / queue capacity``, where a sub-batch counts
+  from its arrival until its last message finishes and the queue capacity is
+  ``min(workers.queue_batches, sources * run.max_inflight)`` batches (the most
+  that can ever be queued). Load signals: each worker keeps one
+  ``runtime.signals.LoadSignaler`` per source (configured from the grouping's
+  ``busy_above`` / ``idle_below`` / ``slot_s``, e.g. CG), fed ``U_w`` at every
+  change and asked ``take_signal`` when a batch of that source finishes, so
+  each source gets at most one signal per slot from each worker (simulated
+  with one integrating signaler per worker, see ``_WorkerSignals``).
+  ``grouping.on_ack(worker, signal, acked)`` runs at the ack's simulated
+  time, so ack-timing learners (FISH) see simulated time. Workers signal only
+  to schemes that use feedback (``Grouping.uses_feedback``).
+- The balancer never reads configured capacities.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from runtime.grouping import Grouping, make_grouping
+from runtime.signals import LoadSignaler
+from runtime.sim import kernels
+
+#: default delay between a sub-batch's last finish and its ack at the source
+DEFAULT_ACK_DELAY_MS = 1.0
+#: key x worker bitmaps (replication, keys per worker) up to this many cells;
+#: beyond, distinct (key, worker) pairs are counted by sorting at the end
+MAX_SEEN_CELLS = 1 << 28
+
+
+@dataclass
+class SimParams:
+    """Everything the engine needs, in engine units (seconds)."""
+
+    n_sources: int
+    n_workers: int
+    batch: int
+    rate: float
+    max_inflight: int
+    seed: int
+    service_us: float
+    capacities: list[float]
+    changes: list[tuple[float, int, float]] = field(default_factory=list)
+    scheme: str = "kg"
+    scheme_params: dict[str, Any] = field(default_factory=dict)
+    slot_s: float = 0.5
+    ack_delay_s: float = DEFAULT_ACK_DELAY_MS / 1e3
+    queue_batches: int = 8
+
+    @property
+    def queue_capacity_batches(self) -> int:
+        return min(self.queue_batches, self.n_sources * self.max_inflight)
+
+
+@dataclass
+class EngineResult:
+    """Raw outcome of a run (``runtime.sim.summary`` turns it into a report).
+
+    Per-slot arrays are ``[slot, worker]`` over ``ceil(duration / slot_s)``
+    slots of ``params.slot_s``, time-averaged over the slot.
+    """
+
+    params: SimParams
+    n_messages: int
+    duration_s: float
+    latency_s: np.ndarray  # float32[n], NaN = never processed
+    msg_worker: np.ndarray  # int32[n], -1 = never processed
+    processed: np.ndarray  # int64[n_workers]
+    keys_per_worker: np.ndarray  # int64[n_workers]
+    distinct_keys: int
+    lat_hist: np.ndarray  # int64[slots, LAT_BINS], completions by finish slot
+    queue_batches: np.ndarray  # mean queue length in batches
+    queue_msgs: np.ndarray  # mean queue length in messages
+    busy: np.ndarray  # busy fraction
+    capacity: np.ndarray  # capacity at each slot's middle
+    vw: np.ndarray | None  # VWs per worker at each slot's end (mean over sources)
+    grouping_stats: list[dict[str, Any]]
+    inflight_at_end: int
+    signals_emitted: dict[str, int]
+    events: int
+
+
+class _Source:
+    __slots__ = ("blocked", "lo", "next_b", "order", "pos", "starts")
+
+    def __init__(self, first_batch: int) -> None:
+        self.next_b = first_batch
+        self.pos = -1  # -1: no batch in hand
+        self.blocked = -1
+        self.order: np.ndarray = np.zeros(0, dtype=np.int64)
+        self.starts: np.ndarray = np.zeros(0, dtype=np.int64)
+        self.lo = 0
+
+
+class _WorkerSignals:
+    """A worker's load signals: its queue history, fed in time order to a ``LoadSignaler``.
+
+    The real worker keeps one ``LoadSignaler`` per source, all fed the same
+    utilization; their slot means are therefore identical and only "which
+    slot did this source already get" differs. So one signaler integrates
+    and ``take(source, t)`` applies ``LoadSignaler.take_signal``'s rule per
+    source: the latest completed slot's signal, nonzero at most once per slot
+    and source (S times fewer observations than S copies).
+    """
+
+    __slots__ = ("arrivals", "finishes", "q", "qcap", "signaler", "taken", "emitted")
+
+    def __init__(self, signaler: LoadSignaler, qcap: int, n_sources: int) -> None:
+        self.signaler = signaler
+        self.qcap = float(qcap)
+        self.q = 0
+        self.arrivals: deque[float] = deque()
+        self.finishes: deque[float] = deque()
+        self.taken = [-(2**62)] * n_sources
+        self.emitted = {"increase": 0, "decrease": 0}
+        signaler.observe(0.0, 0.0)
+
+    def feed(self, t: float) -> None:
+        """Observe every queue change up to ``t`` (arrivals before finishes on ties)."""
+        arr, fin = self.arrivals, self.finishes
+        observe = self.signaler.observe
+        while True:
+            ta = arr[0] if arr else math.inf
+            tf = fin[0] if fin else math.inf
+            if ta <= tf and ta <= t:
+                arr.popleft()
+                self.q += 1
+                te = ta
+            elif tf <= t:
+                fin.popleft()
+                self.q -= 1
+                te = tf
+            else:
+                return
+            observe(te, self.q / self.qcap)
+
+    def take(self, source: int, t: float) -> int:
+        """Source ``source``'s signal at ``t`` (after ``feed(t)``): +1, -1 or 0."""
+        sig = self.signaler
+        u = sig.utilization_of_last_slot(t)
+        prev = math.floor(t / sig.slot_s) - 1
+        if math.isnan(u) or prev <= self.taken[source]:
+            return 0
+        self.taken[source] = prev
+        if u > sig.busy_above:
+            self.emitted["decrease"] += 1
+            return -1
+        if u < sig.idle_below:
+            self.emitted["increase"] += 1
+            return 1
+        return 0
+
+
+class Engine:
+    """One simulation run over ``key_ids`` (dense ids) with routing hashes.
+
+    ``progress(n)`` (optional) is called with the number of messages newly
+    acknowledged, every so often.
+    """
+
+    def __init__(
+        self,
+        params: SimParams,
+        key_ids: np.ndarray,
+        message_hashes: np.ndarray,
+        n_keys: int,
+        progress: Callable[[int], None] | None = None,
+    ) -> None:
+        p = params
+        self.p = p
+        self.n = int(len(key_ids))
+        self.key_ids = np.ascontiguousarray(key_ids)
+        self.hashes = np.ascontiguousarray(message_hashes, dtype=np.uint64)
+        self.n_keys = int(n_keys)
+        self.progress = progress
+        self.now = 0.0
+        nw = p.n_workers
+        self.groupings: list[Grouping] = [
+            make_grouping(p.scheme, nw, seed=p.seed + s, clock=self._clock, **p.scheme_params)
+            for s in range(p.n_sources)
+        ]
+        g0 = self.groupings[0]
+        #: workers signal only to schemes that listen; others skip the bookkeeping
+        self.signaling = bool(g0.uses_feedback)
+        self.wsig: list[_WorkerSignals] = []
+        if self.signaling:
+            settings = {
+                "slot_s": float(getattr(g0, "slot_s", p.slot_s)),
+                "busy_above": float(getattr(g0, "busy_above", 0.85)),
+                "idle_below": float(getattr(g0, "idle_below", 0.75)),
+            }
+            self.wsig = [
+                _WorkerSignals(LoadSignaler(**settings), p.queue_capacity_batches, p.n_sources)
+                for _ in range(nw)
+            ]
+        self._track_vw = hasattr(g0, "vw_per_worker")
+
+        # capacity schedule per worker: sched_t[w, j] <= t < sched_t[w, j+1] -> sched_c[w, j]
+        per_w: list[list[tuple[float, float]]] = [[(0.0, c)] for c in p.capacities]
+        for at_s, w, c in sorted(p.changes, key=lambda x: x[0]):
+            if at_s <= 0.0:
+                per_w[w][0] = (0.0, c)
+            else:
+                per_w[w].append((at_s, c))
+        k = max(len(x) for x in per_w) + 1
+        self.sched_t = np.full((nw, k), np.inf)
+        self.sched_c = np.ones((nw, k))
+        for w, lst in enumerate(per_w):
+            for j, (t, c) in enumerate(lst):
+                self.sched_t[w, j] = t
+                self.sched_c[w, j] = c
+            self.sched_c[w, len(lst):] = lst[-1][1]
+        self.min_cap = float(min(c for lst in per_w for _, c in lst))
+        self.service_s = p.service_us / 1e6
+
+        self.inflight = np.zeros((p.n_sources, nw), dtype=np.int64)
+        self.free_at = np.zeros(nw)
+        self.processed = np.zeros(nw, dtype=np.int64)
+        self.latency_s = np.full(self.n, np.nan, dtype=np.float32)
+        self.msg_worker = np.full(self.n, -1, dtype=np.int32)
+        self.use_seen = nw * max(self.n_keys, 1) <= MAX_SEEN_CELLS
+        self.seen = np.zeros((nw, self.n_keys) if self.use_seen else (1, 1), dtype=np.bool_)
+        rows = 64
+        self.lat_hist = np.zeros((rows, kernels.LAT_BINS), dtype=np.int64)
+        self.busy_area = np.zeros((nw, rows))
+        self.qbatch_area = np.zeros((nw, rows))
+        self.qmsg_area = np.zeros((nw, rows))
+        self.out_w = np.zeros(nw, dtype=np.int32)
+        self.out_fin = np.zeros(nw)
+        self.out_m = np.zeros(nw, dtype=np.int64)
+        self.heap: list[tuple[float, int, int, int, int, float]] = []
+        self.seq = 0
+        self.n_batches = -(-self.n // p.batch) if self.n else 0
+        self.sources = [_Source(s) for s in range(p.n_sources)]
+        self.vw_snapshots: list[np.ndarray] = []
+        self.events = 0
+
+    def _clock(self) -> float:
+        return self.now
+
+    # ------------------------------------------------------------------ storage
+
+    def _ensure_rows(self, m: int) -> None:
+        """Per-slot arrays long enough for a batch of ``m`` messages sent now."""
+        # the batch cannot end later than this (all of it on the slowest worker)
+        t_end = max(self.now, float(self.free_at.max())) + m * self.service_s / self.min_cap
+        need = int(t_end / self.p.slot_s) + 2
+        rows = self.lat_hist.shape[0]
+        if need > rows:
+            rows = max(need, 2 * rows)
+            h = np.zeros((rows, kernels.LAT_BINS), dtype=np.int64)
+            h[: self.lat_hist.shape[0]] = self.lat_hist
+            self.lat_hist = h
+            self.busy_area = _grow_cols(self.busy_area, rows)
+            self.qbatch_area = _grow_cols(self.qbatch_area, rows)
+            self.qmsg_area = _grow_cols(self.qmsg_area, rows)
+
+    # ------------------------------------------------------------------ sources
+
+    def _dispatch(self, s: int) -> None:
+        """Source ``s`` sends what it can at ``now``: until blocked, rate-limited or done."""
+        p = self.p
+        st = self.sources[s]
+        while True:
+            if st.pos < 0:
+                b = st.next_b
+                if b >= self.n_batches:
+                    return
+                if p.rate > 0:
+                    t_take = b * p.batch / p.rate
+                    if t_take > self.now:
+                        self._push(t_take, s, -1, 0, 0.0)
+                        return
+                lo = b * p.batch
+                hi = min(self.n, lo + p.batch)
+                workers = self.groupings[s].route(self.hashes[lo:hi])
+                st.order, st.starts = kernels.split_by_worker(
+                    np.ascontiguousarray(workers, dtype=np.int32), p.n_workers)
+                st.lo = lo
+                st.pos = 0
+            self._ensure_rows(int(st.starts[-1]))
+            pos, n_sent = kernels.dispatch_batch(
+                st.pos, st.starts, st.order, st.lo, self.now,
+                self.inflight[s], p.max_inflight, self.free_at, self.service_s,
+                self.sched_t, self.sched_c, self.key_ids, self.latency_s, self.msg_worker,
+                self.seen, self.use_seen, p.slot_s, self.lat_hist, self.busy_area,
+                self.qbatch_area, self.qmsg_area, self.processed,
+                self.out_w, self.out_fin, self.out_m,
+            )
+            ack = p.ack_delay_s
+            for i in range(n_sent):
+                w = int(self.out_w[i])
+                fin = float(self.out_fin[i])
+                self._push(fin + ack, s, w, int(self.out_m[i]), fin)
+                if self.signaling:
+                    self.wsig[w].arrivals.append(self.now)
+                    self.wsig[w].finishes.append(fin)
+            if pos < p.n_workers:
+                st.pos = pos
+                st.blocked = pos
+                return
+            st.pos = -1
+            st.blocked = -1
+            st.next_b += p.n_sources
+
+    def _push(self, t: float, s: int, w: int, m: int, fin: float) -> None:
+        self.seq += 1
+        heapq.heappush(self.heap, (t, self.seq, s, w, m, fin))
+
+    # ------------------------------------------------------------------ main loop
+
+    def run(self) -> EngineResult:
+        p = self.p
+        heap = self.heap
+        ts_next = p.slot_s
+        pending_progress = 0
+        for s in range(p.n_sources):
+            self._dispatch(s)
+        while heap:
+            t, _, s, w, m, fin = heapq.heappop(heap)
+            self.events += 1
+            if self._track_vw:
+                while ts_next <= t:
+                    self.vw_snapshots.append(self._vw_now())
+                    ts_next += p.slot_s
+            self.now = t
+            if w < 0:  # rate timer
+                self._dispatch(s)
+                continue
+            self.inflight[s, w] -= 1
+            signal = 0
+            if self.signaling:
+                ws = self.wsig[w]
+                ws.feed(fin)
+                signal = ws.take(s, fin)
+            self.groupings[s].on_ack(w, signal, m)
+            pending_progress += m
+            if pending_progress >= 200_000 and self.progress is not None:
+                self.progress(pending_progress)
+                pending_progress = 0
+            if self.sources[s].blocked == w:
+                self._dispatch(s)
+        if self.progress is not None and pending_progress:
+            self.progress(pending_progress)
+        return self._finish()
+
+    def _vw_now(self) -> np.ndarray:
+        return np.mean(
+            [np.asarray(g.vw_per_worker(), dtype=np.float64)  # type: ignore[attr-defined]
+             for g in self.groupings], axis=0)
+
+    # ------------------------------------------------------------------ results
+
+    def _finish(self) -> EngineResult:
+        p = self.p
+        nw = p.n_workers
+        duration = float(self.free_at.max()) if self.processed.sum() else 0.0
+        rows = max(1, math.ceil(duration / p.slot_s - 1e-9))
+        lat_hist = self.lat_hist[:rows].copy()
+        lat_hist[-1] += self.lat_hist[rows:].sum(axis=0)  # finishes exactly at the end
+        mids = (np.arange(rows) + 0.5) * p.slot_s
+        capacity = np.empty((rows, nw))
+        for w in range(nw):
+            j = np.searchsorted(self.sched_t[w], mids, side="right") - 1
+            capacity[:, w] = self.sched_c[w, np.maximum(j, 0)]
+        vw = None
+        if self._track_vw:
+            snaps = self.vw_snapshots[:rows]
+            while len(snaps) < rows:
+                snaps.append(self._vw_now())
+            vw = np.vstack(snaps)
+        if self.use_seen:
+            keys_per_worker = self.seen.sum(axis=1).astype(np.int64)
+            distinct = int(self.seen.any(axis=0).sum())
+        else:
+            done = self.msg_worker >= 0
+            pairs = np.unique(self.key_ids[done].astype(np.int64) * nw + self.msg_worker[done])
+            keys_per_worker = np.bincount(pairs % nw, minlength=nw).astype(np.int64)
+            distinct = int(np.unique(pairs // nw).size)
+        emitted = {"increase": 0, "decrease": 0}
+        for ws in self.wsig:
+            for k in emitted:
+                emitted[k] += ws.emitted[k]
+
+        def per_slot(area: np.ndarray) -> np.ndarray:
+            return _fit_cols(area, rows).T / p.slot_s
+
+        return EngineResult(
+            params=p, n_messages=self.n, duration_s=duration,
+            latency_s=self.latency_s, msg_worker=self.msg_worker, processed=self.processed.copy(),
+            keys_per_worker=keys_per_worker, distinct_keys=distinct, lat_hist=lat_hist,
+            queue_batches=per_slot(self.qbatch_area), queue_msgs=per_slot(self.qmsg_area),
+            busy=per_slot(self.busy_area), capacity=capacity, vw=vw,
+            grouping_stats=[g.stats() for g in self.groupings],
+            inflight_at_end=int(self.inflight.sum()), signals_emitted=emitted,
+            events=self.events,
+        )
+
+
+def _grow_cols(a: np.ndarray, cols: int) -> np.ndarray:
+    out = np.zeros((a.shape[0], cols), dtype=a.dtype)
+    out[:, : a.shape[1]] = a
+    return out
+
+
+def _fit_cols(a: np.ndarray, cols: int) -> np.ndarray:
+    if a.shape[1] >= cols:
+        return a[:, :cols]
+    return _grow_cols(a, cols)

@@ -1,0 +1,376 @@
+"""The discrete-event simulator: conservation, exact results, queueing behaviour, CLI."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+from typing import Any, ClassVar
+
+import numpy as np
+import pandas as pd
+import pyarrow.parquet as pq
+import pytest
+
+from runtime import generators
+from runtime.grouping import SCHEMES, Grouping
+from runtime.grouping.base import Clock
+from runtime.report import REQUIRED_KEYS
+from runtime.sim import simulate
+from runtime.sim.engine import Engine, SimParams
+from runtime.simulate import main as simulate_main
+
+ROOT = Path(__file__).resolve().parent.parent
+PY = sys.executable
+
+
+def topo(scheme: str = "kg", **over: Any) -> dict[str, Any]:
+    """A small topology as a dict; keyword sections are merged shallowly."""
+    t: dict[str, Any] = {
+        "name": "t",
+        "input": {"format": "zipf", "messages": 20_000, "keys": 2_000, "skew": 1.0},
+        "sources": 2,
+        "workers": {"count": 4, "service_us": 20},
+        "grouping": {"scheme": scheme},
+        "run": {"batch": 500, "slot_s": 0.05},
+    }
+    for k, v in over.items():
+        t[k] = {**t[k], **v} if isinstance(v, dict) and isinstance(t.get(k), dict) else v
+    return t
+
+
+def direct_counts(spec: dict[str, Any], n: int) -> Counter[str]:
+    full = {"format": "zipf", "seed": 0, "skew": 1.0, **spec}
+    return Counter(generators.generate(0, n, full)["key"].tolist())
+
+
+# --------------------------------------------------------------------------- conservation
+
+
+@pytest.mark.parametrize("scheme", sorted(SCHEMES))
+def test_conservation_every_scheme(scheme: str) -> None:
+    r = simulate(topo(scheme, workers={"capacity": [1, 1, 0.5, 0.25]}))
+    rep, er = r.report, r.engine
+    n = 20_000
+    assert rep["messages"] == {"input": n, "processed": n}
+    assert rep["in_flight_at_end"] == 0
+    assert sum(w["processed"] for w in rep["workers"]) == n
+    assert (er.msg_worker >= 0).all()
+    lat = er.latency_s.astype(np.float64)
+    assert np.isfinite(lat).all()
+    assert lat.min() >= 20e-6 * (1 - 1e-6)  # at least one full-speed service time
+    # per-worker counts agree with the per-message record
+    np.testing.assert_array_equal(np.bincount(er.msg_worker, minlength=4),
+                                  [w["processed"] for w in rep["workers"]])
+    assert 1.0 <= rep["replication"] <= 4.0
+    assert rep["engine"] == "sim" and rep["scheme"] == scheme
+
+
+def test_kg_sends_every_key_to_one_worker_and_replication_is_one() -> None:
+    r = simulate(topo("kg"))
+    ids = generators.key_ids(0, 20_000, n_keys=2_000, skew=1.0)
+    df = pd.DataFrame({"k": ids, "w": r.engine.msg_worker})
+    assert (df.groupby("k")["w"].nunique() == 1).all()
+    assert r.report["replication"] == 1.0
+    sg = simulate(topo("sg")).report
+    assert sg["replication"] > 2.0  # frequent keys on every worker
+
+
+# --------------------------------------------------------------------------- results
+
+
+def test_wordcount_result_is_exact_generated() -> None:
+    r = simulate(topo("pkg", input={"format": "evolving-zipf", "shift_every": 5_000}))
+    want = Counter(generators.generate(
+        0, 20_000, {"format": "evolving-zipf", "keys": 2_000, "skew": 1.0, "seed": 0,
+                    "shift_every": 5_000})["key"].tolist())
+    got = dict(zip(r.result.column("key").to_pylist(), r.result.column("count").to_pylist(),
+                   strict=True))
+    assert got == dict(want)
+    assert r.result.schema.field("count").type == "int64"
+    assert r.report["result"]["rows"] == len(want)
+
+
+def test_wordcount_result_is_exact_file_with_limit() -> None:
+    path = ROOT / "data" / "gitgit-words-1m.parquet"
+    r = simulate(topo("sg", input={"format": "parquet", "path": str(path), "limit": 30_000,
+                                   "messages": 200_000}))
+    keys = pq.read_table(path, columns=["key"]).column("key").to_pylist()[:30_000]
+    got = dict(zip(r.result.column("key").to_pylist(), r.result.column("count").to_pylist(),
+                   strict=True))
+    assert got == dict(Counter(keys))
+    assert r.report["messages"]["input"] == 30_000
+
+
+def test_csv_input_with_integer_keys(tmp_path: Path) -> None:
+    csv = tmp_path / "in.csv"
+    vals = [i % 7 for i in range(3_000)]
+    csv.write_text("word,x\n" + "\n".join(f"{v},1" for v in vals) + "\n")
+    r = simulate(topo("kg", input={"format": "csv", "path": str(csv), "key": "word"}))
+    got = dict(zip(r.result.column("key").to_pylist(), r.result.column("count").to_pylist(),
+                   strict=True))
+    assert got == {str(k): c for k, c in Counter(vals).items()}
+
+
+def test_naive_bayes_and_heavy_hitters_results() -> None:
+    nb = simulate(topo("pkg", app={"kind": "naive-bayes"}, input={"classes": 3})).result
+    g = generators.generate(0, 20_000, {"format": "zipf", "keys": 2_000, "skew": 1.0,
+                                        "seed": 0, "classes": 3}, with_labels=True)
+    want = Counter(zip(g["key"].tolist(), g["label"].tolist(), strict=True))
+    got = {(k, lab): c for k, lab, c in zip(nb.column("key").to_pylist(),
+                                            nb.column("label").to_pylist(),
+                                            nb.column("count").to_pylist(), strict=True)}
+    assert got == dict(want)
+    hh = simulate(topo("cg", app={"kind": "heavy-hitters", "top_k": 10})).result
+    top = direct_counts({"keys": 2_000}, 20_000).most_common(10)
+    assert hh.column("count").to_pylist() == [c for _, c in top]
+    assert set(hh.column("key").to_pylist()) == {k for k, _ in top}
+    assert hh.column("error").to_pylist() == [0] * 10
+
+
+# --------------------------------------------------------------------------- queueing model
+
+
+@pytest.mark.parametrize("capacity, sources", [(0.5, 1), (0.3, 3), (1.0, 2)])
+def test_single_worker_runs_at_its_capacity(capacity: float, sources: int) -> None:
+    r = simulate(topo("kg", sources=sources,
+                      workers={"count": 1, "capacity": capacity, "service_us": 100}))
+    rep = r.report
+    want = capacity * 1e6 / 100
+    assert rep["throughput_msgs_per_s"] == pytest.approx(want, rel=0.02)
+    assert rep["capacity_efficiency"] == pytest.approx(1.0, rel=0.02)
+    assert rep["workers"][0]["busy_fraction"] == pytest.approx(1.0, rel=0.02)
+
+
+def test_capacity_change_takes_effect_at_its_time() -> None:
+    # 1 worker at full speed (100 us/msg) for 1 s = 10,000 msgs, then 4x slower
+    r = simulate(topo("kg", sources=1, workers={
+        "count": 1, "service_us": 100, "changes": [{"at_s": 1.0, "worker": 0, "capacity": 0.25}]}))
+    assert r.report["duration_s"] == pytest.approx(1.0 + 10_000 * 400e-6, rel=0.01)
+    ts = r.timeseries
+    assert ts.loc[ts.t_s <= 1.0, "capacity_w0"].eq(1.0).all()
+    assert ts.loc[ts.t_s > 1.05, "capacity_w0"].eq(0.25).all()
+    assert r.report["capacity_changes"] == [{"at_s": 1.0, "worker": 0, "capacity": 0.25}]
+
+
+def test_rate_limit_is_honoured_below_capacity() -> None:
+    # 4 workers x 50,000 msgs/s; offer 40,000 msgs/s: the stream paces the run
+    r = simulate(topo("sg", run={"rate": 40_000}))
+    rep = r.report
+    # batch b (of 500) is taken at b * 500 / rate; the last one at 19,500 / rate
+    assert 19_500 / 40_000 < rep["duration_s"] < 20_000 / 40_000 + 0.005
+    assert rep["throughput_msgs_per_s"] == pytest.approx(40_000, rel=0.03)
+    # no queueing: a message waits at most for its own sub-batch (~125 msgs x 20 us)
+    assert rep["latency_ms"]["max"] < 200 * 20e-3
+
+
+def test_backpressure_bounds_queues() -> None:
+    r = simulate(topo("kg", input={"skew": 1.4}, run={"max_inflight": 3}))
+    ts = r.timeseries
+    util = ts[[f"util_w{i}" for i in range(4)]].to_numpy()
+    assert util.max() <= 1.0 + 1e-9  # never more than sources * max_inflight batches queued
+    assert util.max() > 0.9  # and the hot worker does fill its window
+    assert r.report["queue_capacity_batches"] == 6
+
+
+def test_kg_is_more_imbalanced_than_sg_on_skew() -> None:
+    kg = simulate(topo("kg", input={"skew": 1.2})).report
+    sg = simulate(topo("sg", input={"skew": 1.2})).report
+    assert kg["imbalance"]["mean"] > sg["imbalance"]["mean"] + 0.2
+    assert kg["throughput_msgs_per_s"] < 0.8 * sg["throughput_msgs_per_s"]
+
+
+HETERO = {
+    "name": "hetero",
+    "input": {"format": "zipf", "messages": 300_000, "keys": 10_000, "skew": 1.2},
+    "sources": 2,
+    "workers": {"count": 8, "capacity": [1, 1, 1, 1, 1, 1, 0.3, 0.3], "service_us": 100},
+    "run": {"batch": 1000, "rate": 0.8 * 6.6 * 1e4, "slot_s": 0.5},
+}
+
+
+def test_heterogeneity_kg_vs_sg_vs_cg() -> None:
+    """2 of 8 workers at 0.3, offered 80% of the total capacity.
+
+    Neither KG nor SG knows capacities, so both overload the slow workers and
+    the sources block on them; KG also piles the hot keys on single workers,
+    so its p99 latency and throughput are much worse. CG learns from signals
+    and moves virtual workers off the slow workers.
+    """
+    res = {s: simulate({**HETERO, "grouping": {"scheme": s}}) for s in ("kg", "sg", "cg")}
+    kg, sg, cg = (res[s].report for s in ("kg", "sg", "cg"))
+    assert kg["latency_ms"]["p99"] > 1.5 * sg["latency_ms"]["p99"]
+    assert kg["throughput_msgs_per_s"] < 0.75 * sg["throughput_msgs_per_s"]
+    vw = np.array(cg["vw_per_worker_end"])
+    assert vw.sum() == pytest.approx(80)  # VWs only move, 10 per worker at the start
+    assert vw[6:].max() < 8 and vw[6:].mean() < vw[:6].mean() - 3
+    assert cg["migrations"] > 0 and cg["signals"]["decrease"] > 0
+    assert cg["throughput_msgs_per_s"] > 1.3 * sg["throughput_msgs_per_s"]
+    ts = res["cg"].timeseries
+    assert ts["vw_w0"].iloc[0] == 10.0
+
+
+# --------------------------------------------------------------------------- time series
+
+
+def test_timeseries_columns_and_consistency() -> None:
+    r = simulate(topo("cg", workers={"capacity": [1, 1, 0.5, 0.5]}))
+    ts = r.timeseries
+    for c in ("t_s", "throughput_msgs_per_s", "imbalance", "latency_p50_ms", "latency_p99_ms"):
+        assert c in ts.columns
+    for prefix in ("queue", "util", "capacity", "vw"):
+        assert [f"{prefix}_w{i}" for i in range(4)] == [c for c in ts.columns
+                                                        if c.startswith(prefix + "_w")]
+    util = ts[[f"util_w{i}" for i in range(4)]].to_numpy()
+    np.testing.assert_allclose(ts["imbalance"], util.max(axis=1) - util.mean(axis=1))
+    slot = 0.05
+    assert (ts["throughput_msgs_per_s"] * slot).sum() == pytest.approx(20_000)
+    assert ts["t_s"].iloc[-1] >= r.report["duration_s"] > ts["t_s"].iloc[-1] - slot
+    assert r.report["imbalance"]["mean"] == pytest.approx(ts["imbalance"].mean())
+    assert (ts["latency_p99_ms"].dropna() >= ts["latency_p50_ms"].dropna()).all()
+    assert ts["latency_p99_ms"].max() <= r.report["latency_ms"]["max"] * 1.03
+
+
+def test_deterministic() -> None:
+    a = simulate(topo("cg", workers={"capacity": [1, 1, 0.5, 0.5]}))
+    b = simulate(topo("cg", workers={"capacity": [1, 1, 0.5, 0.5]}))
+    strip = ("sim",)
+    ra = {k: v for k, v in a.report.items() if k not in strip}
+    rb = {k: v for k, v in b.report.items() if k not in strip}
+    assert ra == rb
+    pd.testing.assert_frame_equal(a.timeseries, b.timeseries)
+
+
+# --------------------------------------------------------------------------- feedback plumbing
+
+
+class _Probe(Grouping):
+    """Records what a source's grouping sees: route and ack times on its clock."""
+
+    name = "probe-sim"
+    uses_feedback = True
+    log: ClassVar[list[tuple[str, float, int, int, int]]] = []
+
+    def __init__(self, n_workers: int, seed: int = 0, clock: Clock | None = None) -> None:
+        super().__init__(n_workers, seed, clock)
+        self.slot_s = 0.01
+        self.busy_above = 0.85
+        self.idle_below = 0.75
+
+    def route(self, key_hashes: np.ndarray) -> np.ndarray:
+        _Probe.log.append(("route", self.clock(), self.seed, -1, len(key_hashes)))
+        return (key_hashes % np.uint64(self.n_workers)).astype(np.int32)
+
+    def on_ack(self, worker: int, signal: int = 0, acked: int = 0) -> None:
+        super().on_ack(worker, signal, acked)
+        _Probe.log.append(("ack", self.clock(), self.seed, signal, acked))
+
+
+def test_acks_reach_the_grouping_in_simulated_time() -> None:
+    _Probe.log.clear()
+    SCHEMES[_Probe.name] = _Probe
+    try:
+        params = SimParams(n_sources=2, n_workers=3, batch=300, rate=0.0, max_inflight=2,
+                           seed=5, service_us=50.0, capacities=[1.0, 1.0, 0.2],
+                           scheme=_Probe.name, slot_s=0.01, ack_delay_s=0.002)
+        ids = (np.arange(12_000) % 500).astype(np.int32)
+        er = Engine(params, ids, np.arange(12_000, dtype=np.uint64) * 7919, 500).run()
+    finally:
+        del SCHEMES[_Probe.name]
+    log = _Probe.log
+    times = [t for _, t, _, _, _ in log]
+    assert times == sorted(times) and times[-1] > 0.0  # one simulated clock, monotonic
+    assert {seed for _, _, seed, _, _ in log} == {5, 6}  # seed = run.seed + source
+    acks = [e for e in log if e[0] == "ack"]
+    assert sum(e[4] for e in acks) == 12_000
+    assert times[-1] == pytest.approx(er.duration_s + 0.002)  # last ack = last finish + delay
+    sig = [e[3] for e in acks if e[3]]
+    assert -1 in sig and 1 in sig  # the slow worker is busy, the others idle
+    # at most one signal per (source, worker) per slot: count <= sources * workers * slots
+    slots = int(er.duration_s / 0.01) + 1
+    assert len(sig) <= 2 * 3 * slots
+    assert er.signals_emitted["increase"] + er.signals_emitted["decrease"] == len(sig)
+
+
+# --------------------------------------------------------------------------- command line
+
+
+def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([PY, "-m", "runtime.simulate", *args], capture_output=True,
+                          text=True, cwd=ROOT, timeout=120)
+
+
+def test_cli_bad_topology_exits_2_with_one_line(tmp_path: Path) -> None:
+    t = tmp_path / "t.yaml"
+    t.write_text(json.dumps(topo("kg")))
+    p = run_cli(str(t), "--set", "workers.capacity=0", "--out", str(tmp_path / "o"))
+    assert p.returncode == 2
+    lines = p.stderr.strip().splitlines()
+    assert len(lines) == 1 and "workers.capacity" in lines[0]
+    assert "Traceback" not in p.stderr
+    assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.parametrize("overrides, field", [
+    (["input.format=parquet", "input.path=nope.parquet"], "input.path"),
+    (["input.format=parquet", f"input.path={ROOT / 'data' / 'gitgit-words-1m.parquet'}",
+      "input.key=word"], "input.key"),
+    (["grouping.scheme=cg", "grouping.virtual_per_worker=0"], "virtual_per_worker"),
+])
+def test_bad_input_exits_2_in_process(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                      overrides: list[str], field: str) -> None:
+    t = tmp_path / "t.yaml"
+    t.write_text(json.dumps(topo("kg")))
+    argv = [str(t), "--no-progress", "--out", str(tmp_path / "o")]
+    for o in overrides:
+        argv += ["--set", o]
+    from runtime.cli import run_main
+
+    with pytest.raises(SystemExit) as e:
+        run_main(lambda: simulate_main(argv))
+    assert e.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and field in err[0]
+
+
+def test_cli_writes_all_outputs(tmp_path: Path) -> None:
+    t = tmp_path / "t.yaml"
+    t.write_text(json.dumps(topo("kg")))
+    out = tmp_path / "run"
+    p = run_cli(str(t), "--out", str(out), "--set", "grouping.scheme=pkg")
+    assert p.returncode == 0, p.stderr
+    assert "throughput" in p.stdout and "sim / pkg" in p.stdout
+    for f in ("report.json", "timeseries.csv", "result.parquet", "report.png"):
+        assert (out / f).is_file(), f
+    rep = json.loads((out / "report.json").read_text())
+    assert set(REQUIRED_KEYS) <= set(rep)
+    assert rep["engine"] == "sim" and rep["scheme"] == "pkg"
+    assert set(rep["latency_ms"]) == {"mean", "p50", "p95", "p99", "max"}
+    assert set(rep["workers"][0]) >= {"id", "capacity", "processed", "utilization", "keys"}
+    assert rep["result"] == {"path": "result.parquet", "rows": pq.read_table(
+        out / "result.parquet").num_rows}
+    assert "capacity_efficiency" in rep and "capacity_changes" in rep
+    ts = pd.read_csv(out / "timeseries.csv")
+    assert {"t_s", "throughput_msgs_per_s", "imbalance", "util_w0", "queue_w3"} <= set(ts)
+
+
+def test_sim_hetero_topology(tmp_path: Path) -> None:
+    """The CG-paper-like topology: CG follows the fast role as it moves."""
+    out = tmp_path / "het"
+    code = simulate_main([str(ROOT / "topologies" / "sim-hetero.yaml"), "--out", str(out),
+                          "--no-progress", "--no-plot"])
+    assert code == 0
+    rep = json.loads((out / "report.json").read_text())
+    assert rep["messages"]["input"] == rep["messages"]["processed"] == 1_200_000
+    assert rep["scheme"] == "cg" and len(rep["capacity_changes"]) == 12
+    ts = pd.read_csv(out / "timeseries.csv")
+    vw = ts[[f"vw_w{i}" for i in range(10)]].to_numpy()
+    t = ts["t_s"].to_numpy()
+    before = vw[np.searchsorted(t, 19.0)]  # end of phase 1: workers 0-2 are fast
+    end = vw[-1]  # phase 3: workers 6-8 are fast
+    assert before[:3].min() > before[3:].max()
+    assert end[6:9].min() > max(end[:6].max(), end[9])
+    sg = simulate(ROOT / "topologies" / "sim-hetero.yaml", ["grouping.scheme=sg"]).report
+    assert rep["throughput_msgs_per_s"] > 1.15 * sg["throughput_msgs_per_s"]
