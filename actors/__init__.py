@@ -1,0 +1,1 @@
+"""Ray actors: source, worker, aggregator, throttle, Spark/RayDP input."""

@@ -1,0 +1,373 @@
+"""Spark -> RayDP -> Ray: the input side of a run.
+
+1. ``start_spark()``: a one-executor RayDP Spark session inside the running
+   Ray cluster, with the Java 17 ``--add-opens`` options and the raydp 1.6.5
+   ``set_load_code_from_local`` fix (``/work/shared/RAYDP.md``).
+2. ``build_dataframe(spark, topo)``: the topology's input as a Spark
+   DataFrame with a ``key`` string column (and ``label`` int64 for
+   naive-bayes). Files are read by Spark; generated streams are produced *by
+   Spark* (``spark.range`` + ``mapInPandas`` calling
+   ``runtime.generators.generate``), equal message for message to the numpy
+   stream the simulator sees.
+3. ``to_ray_shards(df, n_sources)``: ``ray.data.from_spark`` and one Ray
+   Dataset shard per source actor; each actor iterates its own shard with
+   ``iter_batches`` - the rows never pass through the driver.
+4. ``reference_result(df, kind, top_k)``: Spark's own answer, to check a
+   run's ``result.parquet`` for exactness.
+
+Key conventions (same as ``runtime.apps`` and ``runtime.hashing``):
+
+- Keys are strings. A non-string key column (e.g. integer ids in Parquet or
+  JSON) is cast with Spark's ``CAST(key AS STRING)``: ``5`` -> ``"5"``,
+  ``5.0`` -> ``"5.0"``. CSV is read with ``header=True`` and no schema
+  inference, so a key is exactly its text (``"007"`` stays ``"007"``).
+- Null keys are kept as nulls: all of them form one group (one hash,
+  ``NULL_HASH``; one result row with a null key), like Spark's ``groupBy``.
+- naive-bayes labels from a file are cast to int64; rows whose label is null
+  (or not an integer) are dropped - an example without a class teaches
+  nothing.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import sys
+import threading
+import warnings
+from collections.abc import Iterator
+from typing import Any
+
+import pyarrow as pa
+import ray
+
+from runtime.apps import KINDS, sort_result
+from runtime.topology import FILE_FORMATS, Topology, TopologyError
+
+log = logging.getLogger(__name__)
+
+#: JVM packages RayDP's Arrow/serialization code reflects into on Java 17
+_OPENS_PKGS = (
+    "java.lang", "java.lang.invoke", "java.lang.reflect", "java.io", "java.net", "java.nio",
+    "java.util", "java.util.concurrent", "java.util.concurrent.atomic", "java.util.regex",
+    "java.math", "java.text", "java.time", "java.security", "jdk.internal.misc", "sun.nio.ch",
+    "sun.nio.cs", "sun.security.action", "sun.util.calendar",
+)
+JAVA17_OPTIONS = " ".join(f"--add-opens=java.base/{p}=ALL-UNNAMED" for p in _OPENS_PKGS) + (
+    " -Djdk.reflect.useDirectMethodHandle=false"
+)
+
+#: rows per Ray block when sharding (blocks are dealt round-robin to sources)
+SHARD_BLOCK_ROWS = 65_536
+
+_lock = threading.Lock()
+_session: Any = None
+
+
+# --------------------------------------------------------------------------- session
+
+
+def _install_load_code_fix() -> None:
+    """Work around raydp 1.6.5 leaving ``load_code_from_local`` on in pooled workers.
+
+    ``raydp.spark.dataset._fetch_arrow_table_from_executor`` turns it on for
+    its cross-language call and never turns it off; the pooled Python worker
+    then fails to create module-level actor classes from inside tasks (and
+    breaks ``ray.data.read_parquet``). We replace the remote function with one
+    that calls the original and resets the flag in ``finally`` (RAYDP.md).
+    Idempotent.
+    """
+    from raydp.spark import dataset as raydp_dataset
+
+    current = raydp_dataset._fetch_arrow_table_from_executor
+    if getattr(current, "_hetero_fixed", False):
+        return
+    original = current._function
+
+    @ray.remote(max_retries=-1)
+    def _fetch_and_reset(*args: Any, **kwargs: Any) -> pa.Table:
+        try:
+            return original(*args, **kwargs)
+        finally:
+            ray._private.worker.global_worker.set_load_code_from_local(False)
+
+    _fetch_and_reset._hetero_fixed = True  # type: ignore[attr-defined]
+    raydp_dataset._fetch_arrow_table_from_executor = _fetch_and_reset
+
+
+def start_spark(app_name: str = "hetero-stream", executor_memory: str = "1GB") -> Any:
+    """Start (once per process) a RayDP Spark session: 1 executor, 1 core.
+
+    Ray must be initialized by the caller (``ray.init``). Returns the existing
+    session when already started. Spark logs at WARN/ERROR only and without
+    console progress bars.
+    """
+    global _session
+    if not ray.is_initialized():
+        raise RuntimeError(
+            "start_spark: Ray is not initialized - call ray.init(...) first "
+            "(RayDP runs Spark's executors as Ray actors in that cluster)"
+        )
+    with _lock:
+        if _session is not None:
+            return _session
+        import raydp
+
+        _install_load_code_fix()
+        # pyspark takes the executors' Python from the driver's PYSPARK_PYTHON
+        # (default "python3" on PATH, which lacks our packages); RayDP's
+        # driver is not started by spark-submit, so spark.pyspark.python alone
+        # is not enough
+        os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+        configs = {
+            "spark.executor.extraJavaOptions": JAVA17_OPTIONS,
+            "spark.driver.extraJavaOptions": JAVA17_OPTIONS,
+            "spark.ray.raydp_app_master.extraJavaOptions": JAVA17_OPTIONS,
+            "spark.ui.showConsoleProgress": "false",
+            "spark.ui.enabled": "false",
+            # mapInPandas/generators must run with this interpreter (our venv)
+            "spark.pyspark.python": sys.executable,
+            "spark.pyspark.driver.python": sys.executable,
+            "spark.executorEnv.PYSPARK_PYTHON": sys.executable,
+            "spark.sql.execution.arrow.pyspark.enabled": "true",
+            "spark.sql.shuffle.partitions": "4",
+        }
+        spark = raydp.init_spark(
+            app_name=app_name,
+            num_executors=1,
+            executor_cores=1,
+            executor_memory=executor_memory,
+            configs=configs,
+        )
+        spark.sparkContext.setLogLevel("ERROR")
+        _session = spark
+        return spark
+
+
+def stop_spark() -> None:
+    """Stop the session started by ``start_spark`` (no-op if none)."""
+    global _session
+    with _lock:
+        if _session is None:
+            return
+        import raydp
+
+        try:
+            raydp.stop_spark()
+        finally:
+            _session = None
+
+
+# --------------------------------------------------------------------------- dataframe
+
+
+def _generator_spec(topo: Topology) -> dict[str, Any]:
+    i = topo.input
+    return {"format": i.format, "keys": i.keys, "skew": i.skew, "seed": i.seed,
+            "shift_every": i.shift_every, "classes": i.classes}
+
+
+def _generated_dataframe(spark: Any, topo: Topology, with_labels: bool) -> Any:
+    """The generated stream, produced by Spark's executor: message ``i`` is
+    ``runtime.generators.generate(i, 1, spec)`` whatever the partitioning."""
+    n = topo.input.messages if topo.input.limit is None else min(topo.input.messages,
+                                                                   topo.input.limit)
+    spec = _generator_spec(topo)
+    schema = "key string, label long" if with_labels else "key string"
+    partitions = max(1, math.ceil(n / 250_000))
+
+    def gen_partition(batches: Iterator[Any]) -> Iterator[Any]:
+        import numpy as np
+        import pandas as pd
+
+        from runtime.generators import generate
+
+        for pdf in batches:
+            ids = pdf["id"].to_numpy(dtype=np.int64)
+            if not len(ids):
+                continue
+            # spark.range partitions are ascending contiguous runs; split anyway
+            # so any id set maps to exactly generate()'s messages
+            breaks = np.flatnonzero(np.diff(ids) != 1) + 1
+            for run in np.split(ids, breaks):
+                cols = generate(int(run[0]), len(run), spec, with_labels=with_labels)
+                out = {"key": cols["key"]}
+                if with_labels:
+                    out["label"] = cols["label"]
+                yield pd.DataFrame(out)
+
+    return spark.range(0, n, 1, numPartitions=partitions).mapInPandas(gen_partition, schema)
+
+
+def _read_file(spark: Any, topo: Topology) -> Any:
+    fmt = topo.input.format
+    path = topo.input_path()
+    if path is None or not path.exists():
+        raise TopologyError(f"input.path: file not found (got {topo.input.path!r})")
+    reader = spark.read
+    if fmt == "parquet":
+        return reader.parquet(str(path))
+    if fmt == "csv":
+        return reader.option("header", "true").option("inferSchema", "false").csv(str(path))
+    if fmt == "json":
+        return reader.json(str(path))
+    raise TopologyError(f"input.format: not a file format (got {fmt!r})")
+
+
+def build_dataframe(spark: Any, topo: Topology) -> Any:
+    """The topology's input as a DataFrame: ``key`` string (+ ``label`` int64).
+
+    Raises ``TopologyError`` (one line) for a missing key/label column or an
+    empty input.
+    """
+    from pyspark.sql import functions as F
+
+    kind = topo.app.kind
+    with_labels = kind == "naive-bayes"
+    if topo.input.generated:
+        return _generated_dataframe(spark, topo, with_labels)
+    if topo.input.format not in FILE_FORMATS:
+        raise TopologyError(f"input.format: unknown format (got {topo.input.format!r})")
+
+    raw = _read_file(spark, topo)
+    columns = raw.columns
+    key_col = topo.input.key
+    if key_col not in columns:
+        raise TopologyError(
+            f"input.key: no column {key_col!r} in {topo.input.path} "
+            f"(available: {', '.join(columns) or 'none'})"
+        )
+    cols = [F.col(f"`{key_col}`").cast("string").alias("key")]
+    if with_labels:
+        label_col = topo.input.label
+        if label_col not in columns:
+            raise TopologyError(
+                f"input.label: no column {label_col!r} in {topo.input.path} "
+                f"(available: {', '.join(columns)})"
+            )
+        cols.append(F.col(f"`{label_col}`").cast("long").alias("label"))
+    df = raw.select(*cols)
+    if with_labels:
+        df = df.where(F.col("label").isNotNull())
+    if topo.input.limit is not None:
+        df = df.limit(topo.input.limit)
+    if df.isEmpty():
+        what = "rows with a label" if with_labels else "rows"
+        raise TopologyError(f"input.path: no {what} in {topo.input.path!r}")
+    return df
+
+
+# --------------------------------------------------------------------------- Ray shards
+
+
+@ray.remote
+def _slice_block(block: pa.Table, cuts: list[int]) -> Any:
+    """Zero-copy slices ``block[cuts[i]:cuts[i+1]]`` (one return per slice)."""
+    parts = tuple(block.slice(a, b - a) for a, b in zip(cuts[:-1], cuts[1:], strict=True))
+    return parts[0] if len(parts) == 1 else parts
+
+
+def _block_refs_in_order(ds: Any, block_rows: int) -> list[Any]:
+    """The dataset's blocks, in order, each cut into pieces of <= ``block_rows``."""
+    refs: list[Any] = []
+    for bundle in ds.iter_internal_ref_bundles():
+        for ref, meta in zip(bundle.block_refs, bundle.metadata, strict=True):
+            rows = meta.num_rows
+            if rows is None or rows <= block_rows:
+                refs.append(ref)
+                continue
+            pieces = math.ceil(rows / block_rows)
+            cuts = [rows * i // pieces for i in range(pieces + 1)]
+            out = _slice_block.options(num_returns=pieces, num_cpus=0).remote(ref, cuts)
+            refs.extend([out] if pieces == 1 else out)
+    return refs
+
+
+def to_ray_shards(df: Any, n_sources: int, block_rows: int = SHARD_BLOCK_ROWS) -> list[Any]:
+    """One Ray Dataset per source actor, covering every row exactly once.
+
+    ``ray.data.from_spark`` moves Spark's partitions into the object store
+    (Arrow blocks); they are cut, in order, into blocks of at most
+    ``block_rows`` rows (zero-copy slices, in Ray tasks - nothing comes to the
+    driver), and blocks are dealt round-robin to the sources (block ``j`` to
+    source ``j % n_sources``). Why round-robin rather than contiguous halves:
+    the sources advance through the stream together, so a time-evolving
+    stream (evolving-zipf) keeps one hot set at a time instead of one per
+    source. Within a shard the stream order is kept.
+
+    Each shard is a ``MaterializedDataset``: pass it to a source actor and
+    iterate there, e.g. ``shard.iter_batches(batch_size=1000,
+    batch_format="pyarrow")``. A shard is empty when there are fewer blocks
+    than sources (inputs under ``block_rows`` rows).
+    """
+    if n_sources < 1:
+        raise ValueError(f"sources: must be >= 1 (got {n_sources})")
+    if block_rows < 1:
+        raise ValueError(f"block_rows: must be >= 1 (got {block_rows})")
+    ctx = ray.data.DataContext.get_current()
+    ctx.enable_progress_bars = False  # shards copy this context: quiet sources
+    with warnings.catch_warnings():
+        # raydp 1.6.5 itself uses DataFrame.sql_ctx and the deprecated
+        # ``parallelism`` argument: not actionable here
+        warnings.simplefilter("ignore", UserWarning)
+        read_api_log = logging.getLogger("ray.data.read_api")
+        level = read_api_log.level
+        read_api_log.setLevel(logging.ERROR)
+        try:
+            ds = ray.data.from_spark(df)
+        finally:
+            read_api_log.setLevel(level)
+    refs = _block_refs_in_order(ds, block_rows)
+    if len(refs) < n_sources:  # tiny input: some sources get an empty shard
+        empty = ray.put(pa.schema(ds.schema().base_schema).empty_table())
+        refs += [empty] * (n_sources - len(refs))
+    return [ray.data.from_arrow_refs(refs[s::n_sources]) for s in range(n_sources)]
+
+
+# --------------------------------------------------------------------------- reference
+
+
+def _collect_arrow(df: Any, schema: pa.Schema) -> pa.Table:
+    """Collect a (small) DataFrame to the driver as Arrow."""
+    batches = df._collect_as_arrow()
+    if not batches:
+        return schema.empty_table()
+    return pa.Table.from_batches(batches).select(schema.names).cast(schema)
+
+
+def reference_result(df: Any, app_kind: str, top_k: int = 100) -> pa.Table:
+    """Spark's own answer, in ``runtime.apps.sort_result`` order.
+
+    wordcount: ``groupBy(key).count()`` (key, count); naive-bayes:
+    ``groupBy(key, label).count()``; heavy-hitters: the ``top_k`` keys by
+    exact count (ties broken by key), with ``error`` 0.
+    """
+    from pyspark.sql import functions as F
+
+    from runtime.apps import HEAVY_HITTERS_SCHEMA, NAIVE_BAYES_SCHEMA, WORDCOUNT_SCHEMA
+
+    if app_kind not in KINDS:
+        raise ValueError(f"app.kind: unknown application {app_kind!r} (known: {', '.join(KINDS)})")
+    if app_kind == "naive-bayes":
+        t = _collect_arrow(df.groupBy("key", "label").count(), NAIVE_BAYES_SCHEMA)
+        return sort_result(t, app_kind)
+    counts = df.groupBy("key").count()
+    if app_kind == "wordcount":
+        return sort_result(_collect_arrow(counts, WORDCOUNT_SCHEMA), app_kind)
+    # heavy-hitters: the cut at top_k must break ties exactly like sort_result
+    # (count desc, key asc, null key last), so rank in Spark with that order
+    ranked = counts.orderBy(F.desc("count"), F.asc_nulls_last("key")).limit(top_k)
+    t = _collect_arrow(ranked, WORDCOUNT_SCHEMA)
+    t = t.append_column("error", pa.array([0] * t.num_rows, pa.int64()))
+    return sort_result(t.cast(HEAVY_HITTERS_SCHEMA), app_kind)
+
+
+__all__ = [
+    "JAVA17_OPTIONS",
+    "build_dataframe",
+    "reference_result",
+    "start_spark",
+    "stop_spark",
+    "to_ray_shards",
+]
