@@ -86,7 +86,7 @@ def hash_keys(keys: Iterable[object] | np.ndarray) -> np.ndarray:
     if isinstance(keys, np.ndarray) and keys.dtype.kind == "b":
         raise TypeError("unsupported key type bool")
     h64 = mmh3.hash64
-    out = []
+    out: list[int] = []
     append = out.append
     for k in keys:
         if isinstance(k, str):
