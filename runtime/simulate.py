@@ -15,7 +15,7 @@ import time
 from runtime.cli import base_parser, load_or_exit, run_main
 from runtime.report import default_out_dir, summary_table
 from runtime.sim import SimResult, simulate
-from runtime.sim.engine import DEFAULT_ACK_DELAY_MS
+from runtime.sim.engine import DEFAULT_ACK_DELAY_MS, SHARD_BLOCK_ROWS
 from runtime.sim.inputs import load_input
 
 __all__ = ["SimResult", "main", "simulate"]
@@ -27,6 +27,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--ack-delay-ms", type=float, default=DEFAULT_ACK_DELAY_MS,
                    help=f"delay from a sub-batch's last finish to its ack (default "
                         f"{DEFAULT_ACK_DELAY_MS} ms)")
+    p.add_argument("--shard-block-rows", type=int, default=SHARD_BLOCK_ROWS,
+                   help="stream blocks dealt round-robin to the sources (default "
+                        f"{SHARD_BLOCK_ROWS:,}, as the real runtime)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--no-plot", action="store_true", help="skip report.png")
     args = p.parse_args(argv)
@@ -41,6 +44,7 @@ def main(argv: list[str] | None = None) -> int:
                    file=sys.stderr, mininterval=0.5, leave=False)
     try:
         res = simulate(topo, ack_delay_ms=args.ack_delay_ms, sim_input=inp,
+                       shard_block_rows=args.shard_block_rows,
                        progress=bar.update if bar is not None else None)
     finally:
         if bar is not None:

@@ -18,8 +18,8 @@ from runtime import generators
 from runtime.grouping import SCHEMES, Grouping
 from runtime.grouping.base import Clock
 from runtime.report import REQUIRED_KEYS
-from runtime.sim import simulate
-from runtime.sim.engine import Engine, SimParams
+from runtime.sim import SimResult, simulate
+from runtime.sim.engine import Engine, SimParams, shard_order
 from runtime.simulate import main as simulate_main
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -41,6 +41,11 @@ def topo(scheme: str = "kg", **over: Any) -> dict[str, Any]:
     return t
 
 
+def sim(t: dict[str, Any], **kw: Any) -> SimResult:
+    """Small inputs: deal blocks of 2,000 messages so that every source has some."""
+    return simulate(t, **{"shard_block_rows": 2_000, **kw})
+
+
 def direct_counts(spec: dict[str, Any], n: int) -> Counter[str]:
     full = {"format": "zipf", "seed": 0, "skew": 1.0, **spec}
     return Counter(generators.generate(0, n, full)["key"].tolist())
@@ -51,7 +56,7 @@ def direct_counts(spec: dict[str, Any], n: int) -> Counter[str]:
 
 @pytest.mark.parametrize("scheme", sorted(SCHEMES))
 def test_conservation_every_scheme(scheme: str) -> None:
-    r = simulate(topo(scheme, workers={"capacity": [1, 1, 0.5, 0.25]}))
+    r = sim(topo(scheme, workers={"capacity": [1, 1, 0.5, 0.25]}), shard_block_rows=3000)
     rep, er = r.report, r.engine
     n = 20_000
     assert rep["messages"] == {"input": n, "processed": n}
@@ -69,20 +74,34 @@ def test_conservation_every_scheme(scheme: str) -> None:
 
 
 def test_kg_sends_every_key_to_one_worker_and_replication_is_one() -> None:
-    r = simulate(topo("kg"))
+    r = sim(topo("kg"))
     ids = generators.key_ids(0, 20_000, n_keys=2_000, skew=1.0)
     df = pd.DataFrame({"k": ids, "w": r.engine.msg_worker})
     assert (df.groupby("k")["w"].nunique() == 1).all()
     assert r.report["replication"] == 1.0
-    sg = simulate(topo("sg")).report
+    sg = sim(topo("sg")).report
     assert sg["replication"] > 2.0  # frequent keys on every worker
+
+
+def test_shards_are_dealt_round_robin_by_block() -> None:
+    perm, bounds = shard_order(10_000, 3, 1_000)
+    assert perm is not None
+    assert sorted(perm.tolist()) == list(range(10_000))
+    assert bounds.tolist() == [0, 4_000, 7_000, 10_000]
+    assert perm[:2_000].tolist() == list(range(1_000)) + list(range(3_000, 4_000))
+    assert shard_order(10_000, 3, 65_536)[0] is None  # one block: all on source 0
+    # each source is paced at rate / sources = 10,000 msgs/s over its own shard:
+    # source 0 (7 blocks = 14 batches) takes its last batch at 6,500 / 10,000 s
+    r = sim(topo("pkg", sources=3, run={"rate": 30_000}), shard_block_rows=1_000)
+    assert r.report["messages"]["processed"] == 20_000
+    assert 0.65 < r.report["duration_s"] < 0.66
 
 
 # --------------------------------------------------------------------------- results
 
 
 def test_wordcount_result_is_exact_generated() -> None:
-    r = simulate(topo("pkg", input={"format": "evolving-zipf", "shift_every": 5_000}))
+    r = sim(topo("pkg", input={"format": "evolving-zipf", "shift_every": 5_000}))
     want = Counter(generators.generate(
         0, 20_000, {"format": "evolving-zipf", "keys": 2_000, "skew": 1.0, "seed": 0,
                     "shift_every": 5_000})["key"].tolist())
@@ -95,7 +114,7 @@ def test_wordcount_result_is_exact_generated() -> None:
 
 def test_wordcount_result_is_exact_file_with_limit() -> None:
     path = ROOT / "data" / "gitgit-words-1m.parquet"
-    r = simulate(topo("sg", input={"format": "parquet", "path": str(path), "limit": 30_000,
+    r = sim(topo("sg", input={"format": "parquet", "path": str(path), "limit": 30_000,
                                    "messages": 200_000}))
     keys = pq.read_table(path, columns=["key"]).column("key").to_pylist()[:30_000]
     got = dict(zip(r.result.column("key").to_pylist(), r.result.column("count").to_pylist(),
@@ -108,14 +127,14 @@ def test_csv_input_with_integer_keys(tmp_path: Path) -> None:
     csv = tmp_path / "in.csv"
     vals = [i % 7 for i in range(3_000)]
     csv.write_text("word,x\n" + "\n".join(f"{v},1" for v in vals) + "\n")
-    r = simulate(topo("kg", input={"format": "csv", "path": str(csv), "key": "word"}))
+    r = sim(topo("kg", input={"format": "csv", "path": str(csv), "key": "word"}))
     got = dict(zip(r.result.column("key").to_pylist(), r.result.column("count").to_pylist(),
                    strict=True))
     assert got == {str(k): c for k, c in Counter(vals).items()}
 
 
 def test_naive_bayes_and_heavy_hitters_results() -> None:
-    nb = simulate(topo("pkg", app={"kind": "naive-bayes"}, input={"classes": 3})).result
+    nb = sim(topo("pkg", app={"kind": "naive-bayes"}, input={"classes": 3})).result
     g = generators.generate(0, 20_000, {"format": "zipf", "keys": 2_000, "skew": 1.0,
                                         "seed": 0, "classes": 3}, with_labels=True)
     want = Counter(zip(g["key"].tolist(), g["label"].tolist(), strict=True))
@@ -123,7 +142,7 @@ def test_naive_bayes_and_heavy_hitters_results() -> None:
                                             nb.column("label").to_pylist(),
                                             nb.column("count").to_pylist(), strict=True)}
     assert got == dict(want)
-    hh = simulate(topo("cg", app={"kind": "heavy-hitters", "top_k": 10})).result
+    hh = sim(topo("cg", app={"kind": "heavy-hitters", "top_k": 10})).result
     top = direct_counts({"keys": 2_000}, 20_000).most_common(10)
     assert hh.column("count").to_pylist() == [c for _, c in top]
     assert set(hh.column("key").to_pylist()) == {k for k, _ in top}
@@ -135,7 +154,7 @@ def test_naive_bayes_and_heavy_hitters_results() -> None:
 
 @pytest.mark.parametrize("capacity, sources", [(0.5, 1), (0.3, 3), (1.0, 2)])
 def test_single_worker_runs_at_its_capacity(capacity: float, sources: int) -> None:
-    r = simulate(topo("kg", sources=sources,
+    r = sim(topo("kg", sources=sources,
                       workers={"count": 1, "capacity": capacity, "service_us": 100}))
     rep = r.report
     want = capacity * 1e6 / 100
@@ -146,7 +165,7 @@ def test_single_worker_runs_at_its_capacity(capacity: float, sources: int) -> No
 
 def test_capacity_change_takes_effect_at_its_time() -> None:
     # 1 worker at full speed (100 us/msg) for 1 s = 10,000 msgs, then 4x slower
-    r = simulate(topo("kg", sources=1, workers={
+    r = sim(topo("kg", sources=1, workers={
         "count": 1, "service_us": 100, "changes": [{"at_s": 1.0, "worker": 0, "capacity": 0.25}]}))
     assert r.report["duration_s"] == pytest.approx(1.0 + 10_000 * 400e-6, rel=0.01)
     ts = r.timeseries
@@ -157,17 +176,19 @@ def test_capacity_change_takes_effect_at_its_time() -> None:
 
 def test_rate_limit_is_honoured_below_capacity() -> None:
     # 4 workers x 50,000 msgs/s; offer 40,000 msgs/s: the stream paces the run
-    r = simulate(topo("sg", run={"rate": 40_000}))
+    r = sim(topo("sg", run={"rate": 40_000}))
     rep = r.report
-    # batch b (of 500) is taken at b * 500 / rate; the last one at 19,500 / rate
-    assert 19_500 / 40_000 < rep["duration_s"] < 20_000 / 40_000 + 0.005
-    assert rep["throughput_msgs_per_s"] == pytest.approx(40_000, rel=0.03)
-    # no queueing: a message waits at most for its own sub-batch (~125 msgs x 20 us)
-    assert rep["latency_ms"]["max"] < 200 * 20e-3
+    # each source paces its 10,000 messages at 20,000 msgs/s: the last of its
+    # batches of 500 is taken at 9,500 / 20,000 s
+    assert 0.475 < rep["duration_s"] < 0.485
+    assert rep["throughput_msgs_per_s"] == pytest.approx(40_000, rel=0.06)
+    # no backlog: a message waits at most for its own sub-batch and one of the
+    # other source (both are paced alike), ~125 msgs x 20 us each
+    assert rep["latency_ms"]["max"] < 2 * 200 * 20e-3
 
 
 def test_backpressure_bounds_queues() -> None:
-    r = simulate(topo("kg", input={"skew": 1.4}, run={"max_inflight": 3}))
+    r = sim(topo("kg", input={"skew": 1.4}, run={"max_inflight": 3}))
     ts = r.timeseries
     util = ts[[f"util_w{i}" for i in range(4)]].to_numpy()
     assert util.max() <= 1.0 + 1e-9  # never more than sources * max_inflight batches queued
@@ -176,8 +197,8 @@ def test_backpressure_bounds_queues() -> None:
 
 
 def test_kg_is_more_imbalanced_than_sg_on_skew() -> None:
-    kg = simulate(topo("kg", input={"skew": 1.2})).report
-    sg = simulate(topo("sg", input={"skew": 1.2})).report
+    kg = sim(topo("kg", input={"skew": 1.2})).report
+    sg = sim(topo("sg", input={"skew": 1.2})).report
     assert kg["imbalance"]["mean"] > sg["imbalance"]["mean"] + 0.2
     assert kg["throughput_msgs_per_s"] < 0.8 * sg["throughput_msgs_per_s"]
 
@@ -216,7 +237,7 @@ def test_heterogeneity_kg_vs_sg_vs_cg() -> None:
 
 
 def test_timeseries_columns_and_consistency() -> None:
-    r = simulate(topo("cg", workers={"capacity": [1, 1, 0.5, 0.5]}))
+    r = sim(topo("cg", workers={"capacity": [1, 1, 0.5, 0.5]}))
     ts = r.timeseries
     for c in ("t_s", "throughput_msgs_per_s", "imbalance", "latency_p50_ms", "latency_p99_ms"):
         assert c in ts.columns
@@ -234,8 +255,8 @@ def test_timeseries_columns_and_consistency() -> None:
 
 
 def test_deterministic() -> None:
-    a = simulate(topo("cg", workers={"capacity": [1, 1, 0.5, 0.5]}))
-    b = simulate(topo("cg", workers={"capacity": [1, 1, 0.5, 0.5]}))
+    a = sim(topo("cg", workers={"capacity": [1, 1, 0.5, 0.5]}))
+    b = sim(topo("cg", workers={"capacity": [1, 1, 0.5, 0.5]}))
     strip = ("sim",)
     ra = {k: v for k, v in a.report.items() if k not in strip}
     rb = {k: v for k, v in b.report.items() if k not in strip}
@@ -274,7 +295,8 @@ def test_acks_reach_the_grouping_in_simulated_time() -> None:
     try:
         params = SimParams(n_sources=2, n_workers=3, batch=300, rate=0.0, max_inflight=2,
                            seed=5, service_us=50.0, capacities=[1.0, 1.0, 0.2],
-                           scheme=_Probe.name, slot_s=0.01, ack_delay_s=0.002)
+                           scheme=_Probe.name, slot_s=0.01, ack_delay_s=0.002,
+                           shard_block_rows=1000)
         ids = (np.arange(12_000) % 500).astype(np.int32)
         er = Engine(params, ids, np.arange(12_000, dtype=np.uint64) * 7919, 500).run()
     finally:
@@ -335,13 +357,14 @@ def test_bad_input_exits_2_in_process(tmp_path: Path, capsys: pytest.CaptureFixt
     assert len(err) == 1 and field in err[0]
 
 
-def test_cli_writes_all_outputs(tmp_path: Path) -> None:
+def test_cli_writes_all_outputs(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     t = tmp_path / "t.yaml"
     t.write_text(json.dumps(topo("kg")))
     out = tmp_path / "run"
-    p = run_cli(str(t), "--out", str(out), "--set", "grouping.scheme=pkg")
-    assert p.returncode == 0, p.stderr
-    assert "throughput" in p.stdout and "sim / pkg" in p.stdout
+    assert simulate_main([str(t), "--out", str(out), "--set", "grouping.scheme=pkg",
+                          "--shard-block-rows", "2000"]) == 0
+    stdout = capsys.readouterr().out
+    assert "throughput" in stdout and "sim / pkg" in stdout
     for f in ("report.json", "timeseries.csv", "result.parquet", "report.png"):
         assert (out / f).is_file(), f
     rep = json.loads((out / "report.json").read_text())

@@ -17,7 +17,13 @@ import pandas as pd
 import pyarrow as pa
 
 from runtime.report import write_run
-from runtime.sim.engine import DEFAULT_ACK_DELAY_MS, Engine, EngineResult, SimParams
+from runtime.sim.engine import (
+    DEFAULT_ACK_DELAY_MS,
+    SHARD_BLOCK_ROWS,
+    Engine,
+    EngineResult,
+    SimParams,
+)
 from runtime.sim.inputs import SimInput, load_input
 from runtime.sim.summary import build_report, result_table, timeseries
 from runtime.topology import Topology, TopologyError, load_topology
@@ -35,10 +41,17 @@ class SimResult:
         return write_run(out_dir, self.report, self.timeseries, self.result, plot=plot)
 
 
-def params_from_topology(topo: Topology, *, ack_delay_ms: float = DEFAULT_ACK_DELAY_MS) -> SimParams:
+def params_from_topology(
+    topo: Topology,
+    *,
+    ack_delay_ms: float = DEFAULT_ACK_DELAY_MS,
+    shard_block_rows: int = SHARD_BLOCK_ROWS,
+) -> SimParams:
     w = topo.workers
     if not (ack_delay_ms >= 0.0):
         raise TopologyError(f"--ack-delay-ms: must be >= 0 (got {ack_delay_ms})")
+    if not (isinstance(shard_block_rows, int) and shard_block_rows >= 1):
+        raise TopologyError(f"--shard-block-rows: must be an int >= 1 (got {shard_block_rows})")
     return SimParams(
         n_sources=topo.sources,
         n_workers=w.count,
@@ -54,6 +67,7 @@ def params_from_topology(topo: Topology, *, ack_delay_ms: float = DEFAULT_ACK_DE
         slot_s=float(topo.run.slot_s),
         ack_delay_s=ack_delay_ms / 1e3,
         queue_batches=w.queue_batches,
+        shard_block_rows=shard_block_rows,
     )
 
 
@@ -62,11 +76,14 @@ def simulate(
     overrides: list[str] | None = None,
     *,
     ack_delay_ms: float = DEFAULT_ACK_DELAY_MS,
+    shard_block_rows: int = SHARD_BLOCK_ROWS,
     sim_input: SimInput | None = None,
     progress: Callable[[int], None] | None = None,
 ) -> SimResult:
     """Simulate a topology (object, YAML path or dict, plus ``--set`` overrides).
 
+    ``shard_block_rows``: stream blocks dealt round-robin to the sources (the
+    real runtime's 65,536; smaller spreads small inputs over every source).
     ``sim_input`` reuses an already loaded stream (e.g. to compare schemes on
     the same input without re-reading it). Raises ``TopologyError`` on bad
     input (one line naming the field).
@@ -77,7 +94,8 @@ def simulate(
     t0 = time.perf_counter()
     inp = sim_input if sim_input is not None else load_input(topo)
     t_input = time.perf_counter() - t0
-    params = params_from_topology(topo, ack_delay_ms=ack_delay_ms)
+    params = params_from_topology(topo, ack_delay_ms=ack_delay_ms,
+                                  shard_block_rows=shard_block_rows)
     try:
         engine = Engine(params, inp.key_ids, inp.message_hashes(), len(inp.keys), progress)
     except ValueError as e:  # a scheme rejecting its parameters

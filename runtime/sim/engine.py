@@ -3,11 +3,16 @@
 A queueing model of the real runtime (DESIGN.md), simulated at micro-batch
 granularity; no I/O, no wall clock, no Ray.
 
-- Stream: global micro-batch ``b`` (messages ``b*batch .. (b+1)*batch-1``)
-  belongs to source ``b mod sources``, so every source sees the same phase of
-  a time-evolving stream at the same time. With ``run.rate > 0`` batch ``b``
-  is taken no earlier than ``b * batch / rate`` (the sources together offer
-  ``rate`` msgs/s); with ``rate = 0`` as fast as backpressure allows.
+- Stream: as in the real runtime (``actors.spark_input.to_ray_shards``), the
+  stream is cut in order into blocks of ``shard_block_rows`` (65,536) messages
+  dealt round-robin to the sources (block ``j`` to source ``j mod sources``),
+  so the sources advance through a time-evolving stream together; each source
+  reads its shard in micro-batches of ``run.batch``. (Inputs under one block go
+  to source 0 only, as in the real runtime; lower ``shard_block_rows`` to
+  spread small inputs.) With ``run.rate > 0`` each source is paced at
+  ``rate / sources``: its ``k``-th batch is taken no earlier than
+  ``k * batch * sources / rate``; with ``rate = 0`` as fast as backpressure
+  allows.
 - Source ``s`` routes each batch with its *own* grouping instance
   (``seed = run.seed + s``; local state only, clock = simulated time), splits
   it by worker and sends the sub-batches in worker order. It keeps at most
@@ -59,6 +64,8 @@ DEFAULT_ACK_DELAY_MS = 1.0
 #: key x worker bitmaps (replication, keys per worker) up to this many cells;
 #: beyond, distinct (key, worker) pairs are counted by sorting at the end
 MAX_SEEN_CELLS = 1 << 28
+#: stream blocks dealt round-robin to the sources (``actors.spark_input``'s value)
+SHARD_BLOCK_ROWS = 65_536
 
 
 @dataclass
@@ -79,6 +86,7 @@ class SimParams:
     slot_s: float = 0.5
     ack_delay_s: float = DEFAULT_ACK_DELAY_MS / 1e3
     queue_batches: int = 8
+    shard_block_rows: int = SHARD_BLOCK_ROWS
 
     @property
     def queue_capacity_batches(self) -> int:
@@ -114,10 +122,12 @@ class EngineResult:
 
 
 class _Source:
-    __slots__ = ("blocked", "lo", "next_b", "order", "pos", "starts")
+    __slots__ = ("blocked", "end", "k", "lo", "next_lo", "order", "pos", "starts")
 
-    def __init__(self, first_batch: int) -> None:
-        self.next_b = first_batch
+    def __init__(self, begin: int, end: int) -> None:
+        self.next_lo = begin  # next message of this source's shard (permuted index)
+        self.end = end
+        self.k = 0  # batches taken so far
         self.pos = -1  # -1: no batch in hand
         self.blocked = -1
         self.order: np.ndarray = np.zeros(0, dtype=np.int64)
@@ -263,8 +273,12 @@ class Engine:
         self.out_m = np.zeros(nw, dtype=np.int64)
         self.heap: list[tuple[float, int, int, int, int, float]] = []
         self.seq = 0
-        self.n_batches = -(-self.n // p.batch) if self.n else 0
-        self.sources = [_Source(s) for s in range(p.n_sources)]
+        self.perm, bounds = shard_order(self.n, p.n_sources, p.shard_block_rows)
+        if self.perm is not None:  # messages in source-major order: batches are contiguous
+            self.key_ids = self.key_ids[self.perm]
+            self.hashes = self.hashes[self.perm]
+        self.sources = [_Source(int(bounds[s]), int(bounds[s + 1]))
+                        for s in range(p.n_sources)]
         self.vw_snapshots: list[np.ndarray] = []
         self.events = 0
 
@@ -296,16 +310,15 @@ class Engine:
         st = self.sources[s]
         while True:
             if st.pos < 0:
-                b = st.next_b
-                if b >= self.n_batches:
+                lo = st.next_lo
+                if lo >= st.end:
                     return
                 if p.rate > 0:
-                    t_take = b * p.batch / p.rate
+                    t_take = st.k * p.batch * p.n_sources / p.rate
                     if t_take > self.now:
                         self._push(t_take, s, -1, 0, 0.0)
                         return
-                lo = b * p.batch
-                hi = min(self.n, lo + p.batch)
+                hi = min(st.end, lo + p.batch)
                 workers = self.groupings[s].route(self.hashes[lo:hi])
                 st.order, st.starts = kernels.split_by_worker(
                     np.ascontiguousarray(workers, dtype=np.int32), p.n_workers)
@@ -334,7 +347,8 @@ class Engine:
                 return
             st.pos = -1
             st.blocked = -1
-            st.next_b += p.n_sources
+            st.next_lo = st.lo + int(st.starts[-1])
+            st.k += 1
 
     def _push(self, t: float, s: int, w: int, m: int, fin: float) -> None:
         self.seq += 1
@@ -376,6 +390,14 @@ class Engine:
         if self.progress is not None and pending_progress:
             self.progress(pending_progress)
         return self._finish()
+
+    def _unpermute(self, a: np.ndarray) -> np.ndarray:
+        """A per-message array back in stream order."""
+        if self.perm is None:
+            return a
+        out = np.empty_like(a)
+        out[self.perm] = a
+        return out
 
     def _vw_now(self) -> np.ndarray:
         return np.mean(
@@ -420,7 +442,8 @@ class Engine:
 
         return EngineResult(
             params=p, n_messages=self.n, duration_s=duration,
-            latency_s=self.latency_s, msg_worker=self.msg_worker, processed=self.processed.copy(),
+            latency_s=self._unpermute(self.latency_s), msg_worker=self._unpermute(self.msg_worker),
+            processed=self.processed.copy(),
             keys_per_worker=keys_per_worker, distinct_keys=distinct, lat_hist=lat_hist,
             queue_batches=per_slot(self.qbatch_area), queue_msgs=per_slot(self.qmsg_area),
             busy=per_slot(self.busy_area), capacity=capacity, vw=vw,
@@ -428,6 +451,28 @@ class Engine:
             inflight_at_end=int(self.inflight.sum()), signals_emitted=emitted,
             events=self.events,
         )
+
+
+def shard_order(n: int, n_sources: int, block_rows: int) -> tuple[np.ndarray | None, np.ndarray]:
+    """Messages in source-major order and each source's range in it.
+
+    Blocks of ``block_rows`` messages go round-robin to the sources; returns
+    ``(perm, bounds)``: source ``s`` reads ``perm[bounds[s]:bounds[s+1]]``
+    (message indices, stream order kept), ``perm`` None when it is the
+    identity (one source, or a single block).
+    """
+    n_blocks = -(-n // block_rows) if n else 0
+    if n_sources == 1 or n_blocks <= 1:
+        bounds = np.full(n_sources + 1, n, dtype=np.int64)
+        bounds[0] = 0
+        return None, bounds
+    parts: list[np.ndarray] = []
+    bounds = np.zeros(n_sources + 1, dtype=np.int64)
+    for s in range(n_sources):
+        for j in range(s, n_blocks, n_sources):
+            parts.append(np.arange(j * block_rows, min(n, (j + 1) * block_rows), dtype=np.int64))
+        bounds[s + 1] = sum(len(x) for x in parts)
+    return np.concatenate(parts), bounds
 
 
 def _grow_cols(a: np.ndarray, cols: int) -> np.ndarray:
