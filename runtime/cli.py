@@ -10,6 +10,7 @@ import argparse
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import NoReturn
 
 from runtime.topology import Topology, TopologyError, load_topology
 
@@ -17,7 +18,7 @@ EXIT_BAD_INPUT = 2
 
 
 class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> None:  # one line, exit 2
+    def error(self, message: str) -> NoReturn:  # one line, exit 2
         self.exit(EXIT_BAD_INPUT, f"{self.prog}: {message}\n")
 
 
@@ -38,7 +39,7 @@ def load_or_exit(path: str, overrides: Sequence[str], *, check_input: bool = Tru
         fail(str(e))
 
 
-def fail(message: str) -> None:
+def fail(message: str) -> NoReturn:
     print(f"error: {message}", file=sys.stderr)
     raise SystemExit(EXIT_BAD_INPUT)
 

@@ -126,7 +126,13 @@ class WorkersSpec(_Strict):
 
 
 class GroupingSpec(BaseModel):
-    """``scheme`` plus that scheme's parameters (validated against the scheme)."""
+    """``scheme`` plus scheme parameters, flat (``grouping.virtual_per_worker``).
+
+    A parameter no scheme knows is an error (a typo). A parameter of *another*
+    scheme is ignored for this one, so one topology can carry the tunables of
+    several schemes and ``--set grouping.scheme=kg`` still works on a CG file;
+    ``ignored_params()`` lists them (reports record them).
+    """
 
     model_config = ConfigDict(extra="allow")
     scheme: str = "cg"
@@ -140,17 +146,26 @@ class GroupingSpec(BaseModel):
                 f"grouping.scheme: unknown scheme {self.scheme!r} "
                 f"(known: {', '.join(sorted(SCHEMES))})"
             )
-        known = scheme_params(self.scheme)
-        for k in self.params():
-            if k not in known:
+        mine = scheme_params(self.scheme)
+        anyone = {p for name in SCHEMES for p in scheme_params(name)}
+        for k in self.model_extra or {}:
+            if k not in anyone:
                 raise ValueError(
                     f"grouping.{k}: unknown parameter for scheme {self.scheme!r} "
-                    f"(known: {', '.join(sorted(known)) or 'none'})"
+                    f"(known: {', '.join(sorted(mine)) or 'none'})"
                 )
         return self
 
     def params(self) -> dict[str, Any]:
-        return dict(self.model_extra or {})
+        """The parameters that apply to the chosen scheme."""
+        from runtime.grouping import scheme_params
+
+        mine = scheme_params(self.scheme)
+        return {k: v for k, v in (self.model_extra or {}).items() if k in mine}
+
+    def ignored_params(self) -> list[str]:
+        """Parameters given for other schemes, unused by this one."""
+        return sorted(set(self.model_extra or {}) - set(self.params()))
 
 
 class AppSpec(_Strict):

@@ -42,7 +42,7 @@ def test_shipped_topologies_validate_with_their_input(path: Path) -> None:
         ({"workers": {"capacity": [1, -0.5]}, "grouping": {"scheme": "kg"}}, "workers.capacity", "-0.5"),
         ({"workers": {"capacity": 2}}, "workers.capacity", "throttle"),
         ({"grouping": {"scheme": "nope"}}, "grouping.scheme", "'nope'"),
-        ({"grouping": {"scheme": "kg", "epsilon": 1}}, "grouping.epsilon", "unknown parameter"),
+        ({"grouping": {"scheme": "kg", "epsilonn": 1}}, "grouping.epsilonn", "unknown parameter"),
         ({"wrkers": {"count": 1}}, "wrkers", "unknown field"),
         ({"workers": {"cnt": 1}}, "workers.cnt", "unknown field"),
         ({"workers": {"count": "eight"}}, "workers.count", "'eight'"),
@@ -117,3 +117,12 @@ def test_fuzzed_yaml_text(tmp_path_factory: pytest.TempPathFactory, text: str) -
         load_topology(p)
     except TopologyError as e:
         assert "\n" not in str(e)
+
+
+def test_other_schemes_parameters_are_ignored_not_errors() -> None:
+    t = load_topology({"grouping": {"scheme": "cg", "virtual_per_worker": 5, "epoch": 100}},
+                      ["grouping.scheme=kg"])
+    assert t.grouping_params() == {} and t.grouping.ignored_params() == ["epoch",
+                                                                         "virtual_per_worker"]
+    t = load_topology({"grouping": {"scheme": "cg", "virtual_per_worker": 5, "epoch": 100}})
+    assert t.grouping_params() == {"virtual_per_worker": 5}
