@@ -9,7 +9,18 @@ from __future__ import annotations
 import numpy as np
 
 from runtime.grouping.base import Grouping, register
-from runtime.hashing import choice
+from runtime.grouping.fastmod import magic_of, mod_n
+from runtime.hashing import choice_scalar
+from runtime.jit import kernel
+
+
+@kernel()
+def _kg_route(key_hashes: np.ndarray, n_workers: int, out: np.ndarray) -> None:  # pragma: no cover
+    """``out[i] = H_1(key_hashes[i]) mod n``: one fused loop, division-free mod."""
+    nn = np.uint64(n_workers)
+    magic = magic_of(nn)
+    for i in range(key_hashes.shape[0]):
+        out[i] = np.int32(mod_n(choice_scalar(key_hashes[i], 1), nn, magic))
 
 
 @register
@@ -17,4 +28,7 @@ class KeyGrouping(Grouping):
     name = "kg"
 
     def route(self, key_hashes: np.ndarray) -> np.ndarray:
-        return (choice(key_hashes, 1) % np.uint64(self.n_workers)).astype(np.int32)
+        h = np.ascontiguousarray(key_hashes, dtype=np.uint64)
+        out = np.empty(len(h), dtype=np.int32)
+        _kg_route(h, self.n_workers, out)
+        return out
