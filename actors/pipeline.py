@@ -39,7 +39,7 @@ from actors import aggregator as aggregator_mod
 from actors import source as source_mod
 from actors import throttle as throttle_mod
 from actors import worker as worker_mod
-from actors.spark_input import build_dataframe, to_ray_shards
+from actors.spark_input import SHARD_BLOCK_ROWS, build_dataframe, to_ray_shards
 from runtime.grouping import make_grouping
 from runtime.latency import LatencyHistogram
 from runtime.metrics import replication
@@ -84,6 +84,18 @@ def signal_settings(topo: Topology) -> worker_mod.SignalSettings | None:
     return worker_mod.SignalSettings(float(getattr(g, "slot_s", topo.run.slot_s)),
                                      float(getattr(g, "busy_above", 0.85)),
                                      float(getattr(g, "idle_below", 0.75)))
+
+
+def shard_block_rows(topo: Topology) -> int:
+    """Rows per Ray block when sharding: at least ~4 blocks per source when the
+    input size is known from the topology, so that small inputs are dealt to
+    every source (one big block would leave the other sources empty)."""
+    hint = topo.input.limit
+    if topo.input.generated:
+        hint = min(topo.input.messages, hint or topo.input.messages)
+    if hint is None:
+        return SHARD_BLOCK_ROWS
+    return int(min(SHARD_BLOCK_ROWS, max(1000, math.ceil(hint / (4 * topo.sources)))))
 
 
 def _app_params(topo: Topology) -> dict[str, Any]:
@@ -180,8 +192,13 @@ def run_pipeline(
     *,
     progress: bool = True,
     log: Callable[[str], None] | None = None,
+    df: Any = None,
 ) -> dict[str, Any]:
-    """Run ``topo`` in the current Ray cluster; write the outputs; return the report."""
+    """Run ``topo`` in the current Ray cluster; write the outputs; return the report.
+
+    ``df``: the input DataFrame if the caller already built it (default:
+    ``build_dataframe(spark, topo)``).
+    """
     say = log or (lambda m: print(m, file=sys.stderr))
     n = topo.workers.count
     wspec, run = topo.workers, topo.run
@@ -193,9 +210,13 @@ def run_pipeline(
     bar = _Progress(0, False)
 
     t_load = time.time()
-    df = build_dataframe(spark, topo)
-    shards = to_ray_shards(df, topo.sources)
-    total = int(sum(s.count() for s in shards))
+    if df is None:
+        df = build_dataframe(spark, topo)
+    shards = to_ray_shards(df, topo.sources, block_rows=shard_block_rows(topo))
+    counts = [int(s.count()) for s in shards]
+    total = int(sum(counts))
+    if topo.sources > 1 and 0 in counts:
+        say(f"[{topo.name}] warning: uneven shards {counts} (a source has nothing to send)")
     # heavy-hitters' result is only the top-k: count the input's distinct keys instead
     distinct_input = (int(df.select("key").distinct().count())
                       if topo.app.kind == "heavy-hitters" else None)
