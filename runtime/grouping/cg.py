@@ -1,7 +1,7 @@
 """CG - consistent grouping. Nasir et al., "Consistent Grouping for Skewed
 Streams on Heterogeneous Clusters" (CG paper), sections 4-5.
 
-Each source routes keys with PoRC (``porc_assign``) onto ``B = n * R`` equal
+Each source routes keys with PoRC (``porc_route``) onto ``B = n * R`` equal
 virtual workers (VWs), then VW -> worker through a table that starts with
 ``R`` VWs per worker (VW ``v`` on worker ``v mod n``). Workers piggyback
 binary load signals on their acks (worker side: ``runtime.signals.LoadSignaler``);
@@ -39,7 +39,7 @@ from typing import Any
 import numpy as np
 
 from runtime.grouping.base import Clock, Grouping, register
-from runtime.grouping.porc import porc_assign, validate_eps
+from runtime.grouping.porc import ProbeMemo, porc_route, validate_eps
 from runtime.signals import validate_thresholds
 
 MAX_VIRTUAL_PER_WORKER = 10_000
@@ -134,23 +134,31 @@ class ConsistentGrouping(Grouping):
         self._owned: list[list[int]] = [
             list(range(w, self.n_virtual, self.n_workers)) for w in range(self.n_workers)
         ]
-        self.vw_loads = np.zeros(self.n_virtual, dtype=np.int64)
+        self.vw_loads = np.zeros(self.n_virtual, dtype=np.int64)  # only grows (probe memo)
         self.m = 0
+        self._memo = ProbeMemo()
+        self._vw_ids = np.arange(self.n_virtual, dtype=np.int64)
         self.idle = _FCFS()
         self.busy = _FCFS()
         self._alive = set(range(self.n_workers))
 
     # -- routing ---------------------------------------------------------------
 
-    def route_virtual(self, key_hashes: np.ndarray) -> np.ndarray:
-        """Route a micro-batch to VWs (``int64``), updating the VW loads."""
+    def _route(self, key_hashes: np.ndarray, owner: np.ndarray) -> np.ndarray:
         h = np.ascontiguousarray(key_hashes, dtype=np.uint64)
-        out = np.empty(len(h), dtype=np.int64)
-        self.m = int(porc_assign(h, self.vw_loads, self.m, self.eps, out))
+        out = np.empty(len(h), dtype=owner.dtype)
+        mm = self._memo
+        self.m = porc_route(
+            h, self.vw_loads, self.m, self.eps, mm.keys, mm.cap, mm.probe, owner, out
+        )
         return out
 
+    def route_virtual(self, key_hashes: np.ndarray) -> np.ndarray:
+        """Route a micro-batch to VWs (``int64``), updating the VW loads."""
+        return self._route(key_hashes, self._vw_ids)
+
     def route(self, key_hashes: np.ndarray) -> np.ndarray:
-        return self.vw_owner[self.route_virtual(key_hashes)]
+        return self._route(key_hashes, self.vw_owner)
 
     # -- feedback --------------------------------------------------------------
 

@@ -23,7 +23,7 @@ the argument above. So each message costs O(B) in the worst case.
 
 As a standalone scheme, bin ``b`` belongs to worker ``b mod n`` (``B / n``
 bins per worker when ``n`` divides ``B``, which holds for the default). CG
-reuses ``porc_assign`` over its virtual workers.
+reuses ``porc_route`` over its virtual workers.
 """
 
 from __future__ import annotations
@@ -35,43 +35,117 @@ import numpy as np
 from numba import njit
 
 from runtime.grouping.base import Clock, Grouping, register
+from runtime.grouping.fastmod import magic_of, mod_n
 from runtime.hashing import choice_scalar
+from runtime.jit import kernel
 
 PROBES_PER_BIN = 8
 MAX_BINS = 10_000_000
 MAX_EPS = 10.0
 
 
-@njit(cache=True)
-def porc_assign(
-    key_hashes: np.ndarray, loads: np.ndarray, m: int, eps: float, out: np.ndarray
+@kernel(inline=True)
+def porc_core(
+    key_hashes: np.ndarray,
+    loads: np.ndarray,
+    m: int,
+    eps: float,
+    memo_keys: np.ndarray,
+    memo_cap: np.ndarray,
+    memo_probe: np.ndarray,
+    owner: np.ndarray,
+    out: np.ndarray,
 ) -> int:  # pragma: no cover - compiled
-    """PoRC over ``loads.shape[0]`` bins: write each message's bin to ``out``.
+    """PoRC over ``loads.shape[0]`` bins: ``out[j] = owner[bin of message j]``.
 
-    ``loads`` (int64, per bin) is updated in place; ``m`` is the number of
-    messages routed before this batch; returns the new ``m``. Same result for
-    one batch or any split of it.
+    ``loads`` (int64, per bin) is updated in place and must only grow; ``m``
+    is the number of messages routed before this batch; returns the new
+    ``m``. Same result for one batch or any split of it.
+
+    Probe memo (same decisions, fewer probes): ``memo_*`` is a direct-mapped
+    cache (size a power of two) of ``(key, cap, p)``: when the key last came
+    with capacity ``cap``, its probes ``1 .. p-1`` all hit full bins (counting
+    the bin it took if that one filled up). Loads
+    never decrease and a bin stays full while ``cap`` is unchanged, so a
+    message of that key with the same ``cap`` may start probing at ``p``.
+    A heavy key spread over ``r`` bins otherwise re-probes ~``r/2`` full bins
+    per message (~30 at 64 workers).
     """
     n_bins = loads.shape[0]
+    nb = np.uint64(n_bins)
+    magic = magic_of(nb)
+    mask = np.uint64(memo_keys.shape[0] - 1)
     limit = PROBES_PER_BIN * n_bins + 64
     for j in range(key_hashes.shape[0]):
         h = key_hashes[j]
         m += 1
         cap = math.ceil((1.0 + eps) * m / n_bins)  # capacity_for(m, eps, n_bins)
+        e = np.int64(h & mask)
+        # selects, not branches: whether the memo hits is unpredictable
+        hit = (memo_keys[e] == h) & (memo_cap[e] == cap)
+        first = memo_probe[e] if hit else 1
         b = np.int64(-1)
-        for i in range(1, limit + 1):
-            c = np.int64(choice_scalar(h, i) % np.uint64(n_bins))
+        i = first
+        while i <= limit:
+            c = np.int64(mod_n(choice_scalar(h, i), nb, magic))
             if loads[c] < cap:
                 b = c
                 break
+            i += 1
         if b < 0:  # rare: fall back to the least-loaded bin, which has room
             b = np.int64(0)
             for c2 in range(1, n_bins):
                 if loads[c2] < loads[b]:
                     b = np.int64(c2)
-        loads[b] += 1
-        out[j] = b
+        load = loads[b] + 1
+        loads[b] = load
+        # remember where this key's free bins start (probe i's bin may be full now)
+        memo_keys[e] = h
+        memo_cap[e] = cap
+        memo_probe[e] = i + 1 if load >= cap else i
+        out[j] = owner[b]
     return m
+
+
+@kernel()
+def porc_route(
+    key_hashes: np.ndarray,
+    loads: np.ndarray,
+    m: int,
+    eps: float,
+    memo_keys: np.ndarray,
+    memo_cap: np.ndarray,
+    memo_probe: np.ndarray,
+    owner: np.ndarray,
+    out: np.ndarray,
+) -> int:  # pragma: no cover - compiled
+    """``porc_core`` as a kernel (PoRC and CG route through it)."""
+    return porc_core(key_hashes, loads, m, eps, memo_keys, memo_cap, memo_probe, owner, out)
+
+
+@njit(cache=True)
+def porc_assign(
+    key_hashes: np.ndarray, loads: np.ndarray, m: int, eps: float, out: np.ndarray
+) -> int:  # pragma: no cover - compiled
+    """PoRC over ``loads.shape[0]`` bins, bins written to ``out``, no memo kept
+    between calls (``loads`` may be changed between calls). Returns the new ``m``."""
+    memo_keys = np.zeros(1, dtype=np.uint64)
+    memo_cap = np.full(1, -1, dtype=np.int64)
+    memo_probe = np.ones(1, dtype=np.int64)
+    owner = np.arange(loads.shape[0])
+    return porc_core(key_hashes, loads, m, eps, memo_keys, memo_cap, memo_probe, owner, out)
+
+
+MEMO_SIZE = 4096
+
+
+class ProbeMemo:
+    """The probe memo of ``porc_core`` (direct-mapped, ``size`` a power of two)."""
+
+    def __init__(self, size: int = MEMO_SIZE) -> None:
+        self.keys = np.zeros(size, dtype=np.uint64)
+        self.cap = np.full(size, -1, dtype=np.int64)  # -1: never matches a capacity
+        self.probe = np.ones(size, dtype=np.int64)
 
 
 def capacity_for(m: int, eps: float, n_bins: int) -> int:
@@ -115,18 +189,27 @@ class PowerOfRandomChoices(Grouping):
                 f"bins must be an int in [n_workers={self.n_workers}, {MAX_BINS}] (got {bins!r})"
             )
         self.bins = int(n_bins)
-        self.loads = np.zeros(self.bins, dtype=np.int64)
+        self.loads = np.zeros(self.bins, dtype=np.int64)  # only grows (probe memo)
         self.m = 0
+        self._memo = ProbeMemo()
+        self._bin_ids = np.arange(self.bins, dtype=np.int64)
+        self._bin_worker = (self._bin_ids % self.n_workers).astype(np.int32)
+
+    def _route(self, key_hashes: np.ndarray, owner: np.ndarray) -> np.ndarray:
+        h = np.ascontiguousarray(key_hashes, dtype=np.uint64)
+        out = np.empty(len(h), dtype=owner.dtype)
+        mm = self._memo
+        self.m = porc_route(
+            h, self.loads, self.m, self.eps, mm.keys, mm.cap, mm.probe, owner, out
+        )
+        return out
 
     def route_bins(self, key_hashes: np.ndarray) -> np.ndarray:
         """Route a micro-batch to bins (``int64``), updating the bin loads."""
-        h = np.ascontiguousarray(key_hashes, dtype=np.uint64)
-        out = np.empty(len(h), dtype=np.int64)
-        self.m = int(porc_assign(h, self.loads, self.m, self.eps, out))
-        return out
+        return self._route(key_hashes, self._bin_ids)
 
     def route(self, key_hashes: np.ndarray) -> np.ndarray:
-        return (self.route_bins(key_hashes) % self.n_workers).astype(np.int32)
+        return self._route(key_hashes, self._bin_worker)
 
     def stats(self) -> dict[str, Any]:
         s = super().stats()
