@@ -279,7 +279,7 @@ def _block_refs_in_order(ds: Any, block_rows: int) -> list[Any]:
                 continue
             pieces = math.ceil(rows / block_rows)
             cuts = [rows * i // pieces for i in range(pieces + 1)]
-            out = _slice_block.options(num_returns=pieces, num_cpus=0).remote(ref, cuts)
+            out: Any = _slice_block.options(num_returns=pieces, num_cpus=0).remote(ref, cuts)
             refs.extend([out] if pieces == 1 else out)
     return refs
 

@@ -9,6 +9,7 @@ and Ray are shut down on every exit path.
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import sys
@@ -79,7 +80,7 @@ def main(argv: list[str] | None = None) -> int:
     os.environ["PYTHONPATH"] = pythonpath  # workers started by this driver import our code
     try:
         ray.init(address=args.address, runtime_env={"env_vars": {"PYTHONPATH": pythonpath}},
-                 logging_level="WARNING", log_to_driver=False)
+                 logging_level=logging.WARNING, log_to_driver=False)
         spark = spark_input.start_spark(app_name=topo.name)
         report = run_pipeline(topo, out, spark, progress=not args.no_progress)
     finally:

@@ -16,8 +16,8 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
-    ValidationError,
     PrivateAttr,
+    ValidationError,
     field_validator,
     model_validator,
 )
