@@ -127,8 +127,16 @@ def _heap_swap(heap: np.ndarray, pos: np.ndarray, a: int, b: int) -> None:  # pr
 
 
 @kernel(inline=True)
+def _before(counts: np.ndarray, a: int, b: int, tie_slot: bool) -> bool:  # pragma: no cover
+    """Heap order of slots: by count; with ``tie_slot`` equal counts by slot id
+    (a total order: the root is then the lowest-slot minimum, whatever the
+    heap's history)."""
+    return counts[a] < counts[b] or (tie_slot and counts[a] == counts[b] and a < b)
+
+
+@kernel(inline=True)
 def _sift_down(
-    heap: np.ndarray, pos: np.ndarray, counts: np.ndarray, i: int, size: int
+    heap: np.ndarray, pos: np.ndarray, counts: np.ndarray, i: int, size: int, tie_slot: bool
 ) -> None:  # pragma: no cover
     while True:
         left = 2 * i + 1
@@ -136,9 +144,9 @@ def _sift_down(
             return
         c = left
         right = left + 1
-        if right < size and counts[heap[right]] < counts[heap[left]]:
+        if right < size and _before(counts, heap[right], heap[left], tie_slot):
             c = right
-        if counts[heap[c]] < counts[heap[i]]:
+        if _before(counts, heap[c], heap[i], tie_slot):
             _heap_swap(heap, pos, i, c)
             i = c
         else:
@@ -147,15 +155,65 @@ def _sift_down(
 
 @kernel(inline=True)
 def _sift_up(
-    heap: np.ndarray, pos: np.ndarray, counts: np.ndarray, i: int
+    heap: np.ndarray, pos: np.ndarray, counts: np.ndarray, i: int, tie_slot: bool
 ) -> None:  # pragma: no cover
     while i > 0:
         p = (i - 1) >> 1
-        if counts[heap[i]] < counts[heap[p]]:
+        if _before(counts, heap[i], heap[p], tie_slot):
             _heap_swap(heap, pos, i, p)
             i = p
         else:
             return
+
+
+@kernel(inline=True)
+def ss_update_slot(
+    keys: np.ndarray,
+    counts: np.ndarray,
+    errors: np.ndarray,
+    heap: np.ndarray,
+    pos: np.ndarray,
+    table: np.ndarray,
+    meta: np.ndarray,
+    key: np.uint64,
+    weight: int,
+    tie_slot: bool,
+) -> tuple[int, bool]:  # pragma: no cover - compiled
+    """``ss_update`` that also says whether the key is new in its slot.
+
+    ``tie_slot``: evict the lowest-slot minimum among equal counts (FISH's
+    ReplaceMin scans slots in order); otherwise whichever minimum the heap
+    holds at its root (the summary's historical behaviour).
+    """
+    meta[1] += weight
+    s = index_find(keys, table, key)
+    if s != EMPTY:
+        counts[s] += weight
+        _sift_down(heap, pos, counts, pos[s], meta[0], tie_slot)
+        return s, False
+    size = meta[0]
+    cap = keys.shape[0]
+    if size < cap:
+        s = size
+        keys[s] = key
+        counts[s] = weight
+        errors[s] = 0
+        heap[size] = s
+        pos[s] = size
+        meta[0] = size + 1
+        index_insert(keys, table, s)
+        _sift_up(heap, pos, counts, size, tie_slot)
+        return s, True
+    # evict the minimum: the new key inherits c_min as (over-)count and error
+    s = heap[0]
+    c_min = counts[s]
+    index_delete(keys, table, keys[s])
+    keys[s] = key
+    errors[s] = c_min
+    counts[s] = c_min + weight
+    index_insert(keys, table, s)
+    _sift_down(heap, pos, counts, 0, size, tie_slot)
+    return s, True
 
 
 @kernel(inline=True)
@@ -171,35 +229,30 @@ def ss_update(
     weight: int,
 ) -> int:  # pragma: no cover - compiled
     """Add ``weight`` (>= 1) to ``key``; returns the key's slot. ``meta = [size, total]``."""
-    meta[1] += weight
-    s = index_find(keys, table, key)
-    if s != EMPTY:
-        counts[s] += weight
-        _sift_down(heap, pos, counts, pos[s], meta[0])
-        return s
-    size = meta[0]
-    cap = keys.shape[0]
-    if size < cap:
-        s = size
-        keys[s] = key
-        counts[s] = weight
-        errors[s] = 0
-        heap[size] = s
-        pos[s] = size
-        meta[0] = size + 1
-        index_insert(keys, table, s)
-        _sift_up(heap, pos, counts, size)
-        return s
-    # evict the minimum: the new key inherits c_min as (over-)count and error
-    s = heap[0]
-    c_min = counts[s]
-    index_delete(keys, table, keys[s])
-    keys[s] = key
-    errors[s] = c_min
-    counts[s] = c_min + weight
-    index_insert(keys, table, s)
-    _sift_down(heap, pos, counts, 0, size)
+    s, _ = ss_update_slot(keys, counts, errors, heap, pos, table, meta, key, weight, False)
     return s
+
+
+@kernel(inline=True)
+def ss_reindex(
+    keys: np.ndarray,
+    counts: np.ndarray,
+    heap: np.ndarray,
+    pos: np.ndarray,
+    table: np.ndarray,
+    size: int,
+    tie_slot: bool,
+) -> None:  # pragma: no cover - compiled
+    """Rebuild index and heap over slots ``0 .. size-1`` (after the caller
+    rewrote or compacted them). With ``tie_slot`` the heap order is total, so
+    later evictions are the same as if the heap had been built incrementally."""
+    table[:] = EMPTY
+    for s in range(size):
+        index_insert(keys, table, s)
+        heap[s] = s
+        pos[s] = s
+    for i in range(size // 2 - 1, -1, -1):
+        _sift_down(heap, pos, counts, i, size, tie_slot)
 
 
 @kernel()
@@ -218,7 +271,7 @@ def ss_update_many(
         ss_update(keys, counts, errors, heap, pos, table, meta, key_hashes[i], weights[i])
 
 
-def _table_size(capacity: int) -> int:
+def index_table_size(capacity: int) -> int:
     return 1 << max(3, int(4 * capacity - 1).bit_length())  # load factor <= 1/4
 
 
@@ -237,7 +290,7 @@ class SpaceSaving:
         self.errors = np.zeros(capacity, dtype=np.int64)
         self.heap = np.zeros(capacity, dtype=np.int64)
         self.pos = np.zeros(capacity, dtype=np.int64)
-        self.table = np.full(_table_size(capacity), EMPTY, dtype=np.int64)
+        self.table = np.full(index_table_size(capacity), EMPTY, dtype=np.int64)
         self.meta = np.zeros(2, dtype=np.int64)  # [size, total weight]
 
     @property

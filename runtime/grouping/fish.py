@@ -65,13 +65,15 @@ from numba import njit
 
 from runtime.grouping.base import Clock, Grouping, register
 from runtime.grouping.ch import MAX_VNODES, Ring, ring_distinct_successors
+from runtime.jit import kernel
+from runtime.sketches import EMPTY, index_table_size, ss_reindex, ss_update_slot
 
 PRIOR_T_S = 1e-3  # neutral per-message time before any ack (only ratios matter)
 MIN_T_S = 1e-9
 SEND_LOG_MAX = 4096  # route() calls remembered for send times (bounded memory)
 
 # indices into the kernel's int64 state vector
-_SIZE, _POS, _EPOCH, _STAMP = 0, 1, 2, 3
+_POS, _EPOCH, _STAMP = 1, 2, 3  # (slot 0 unused: the counter set keeps its size)
 
 
 @njit(cache=True, inline="always")
@@ -86,7 +88,7 @@ def _chk(f: float, theta: float, d_min: int, n_alive: int) -> int:  # pragma: no
     return d
 
 
-@njit(cache=True)
+@kernel()
 def fish_route(
     key_hashes: np.ndarray,
     succ: np.ndarray,
@@ -94,6 +96,11 @@ def fish_route(
     now: float,
     ck: np.ndarray,
     cc: np.ndarray,
+    c_err: np.ndarray,
+    c_heap: np.ndarray,
+    c_pos: np.ndarray,
+    c_index: np.ndarray,
+    c_meta: np.ndarray,
     cd: np.ndarray,
     cstamp: np.ndarray,
     cand: np.ndarray,
@@ -114,40 +121,21 @@ def fish_route(
 ) -> None:  # pragma: no cover - compiled
     """The FISH loop over one micro-batch; all state is updated in place.
 
-    ``succ`` = ring successor index of each key; ``ck/cc/cd/cstamp`` = counter
-    keys, counts, d and the epoch its d was set; ``cand/cand_n`` = cached
-    ring candidates per counter slot; ``st_i`` = [size, pos in epoch, epoch,
+    ``succ`` = ring successor index of each key; ``ck/cc/c_err/c_heap/c_pos/
+    c_index/c_meta`` = the SpaceSaving counter set (``runtime.sketches``
+    layout, ``c_meta = [size, total]``; ReplaceMin evicts the lowest-slot
+    minimum, as a scan of the slots in order would); ``cd/cstamp`` = each
+    counter's d and the epoch its d was set; ``cand/cand_n`` = cached ring
+    candidates per counter slot; ``st_i`` = [unused, pos in epoch, epoch,
     scratch stamp]; ``st_f`` = [N].
     """
-    cap = ck.shape[0]
     min_evidence = 1.0 / theta
     for j in range(key_hashes.shape[0]):
         h = key_hashes[j]
-        size = st_i[_SIZE]
         epoch = st_i[_EPOCH]
-        # 1. SpaceSaving update
-        slot = -1
-        for i in range(size):
-            if ck[i] == h:
-                slot = i
-                break
-        if slot >= 0:
-            cc[slot] += 1.0
-        elif size < cap:
-            slot = size
-            ck[slot] = h
-            cc[slot] = 1.0
-            cd[slot] = 1
-            cstamp[slot] = -1
-            cand_n[slot] = 0
-            st_i[_SIZE] = size + 1
-        else:  # ReplaceMin: evict the smallest, start at c_min + 1
-            slot = 0
-            for i in range(1, cap):
-                if cc[i] < cc[slot]:
-                    slot = i
-            ck[slot] = h
-            cc[slot] += 1.0
+        # 1. SpaceSaving update: +1 if present, insert if room, else ReplaceMin
+        slot, new = ss_update_slot(ck, cc, c_err, c_heap, c_pos, c_index, c_meta, h, 1, True)
+        if new:
             cd[slot] = 1
             cstamp[slot] = -1
             cand_n[slot] = 0
@@ -196,14 +184,14 @@ def fish_route(
             st_f[0] *= alpha
             n_total = st_f[0]
             k = 0
-            for i in range(st_i[_SIZE]):
+            for i in range(c_meta[0]):
                 c_i = cc[i] * alpha
                 if c_i >= 1.0:
                     ck[k] = ck[i]
                     cc[k] = c_i
                     cand_n[k] = cand_n[i]
-                    if cand_n[i] > 0:
-                        cand[k, :] = cand[i, :]
+                    for c in range(cand_n[i]):
+                        cand[k, c] = cand[i, c]
                     f = c_i / n_total
                     if n_total >= min_evidence and f >= theta:
                         cd[k] = _chk(f, theta, d_min, n_alive)
@@ -212,7 +200,8 @@ def fish_route(
                         cd[k] = 1
                         cstamp[k] = -1
                     k += 1
-            st_i[_SIZE] = k
+            c_meta[0] = k
+            ss_reindex(ck, cc, c_heap, c_pos, c_index, k, True)
 
 
 @register
@@ -274,6 +263,11 @@ class FISH(Grouping):
         k = self.capacity
         self._ck = np.zeros(k, dtype=np.uint64)
         self._cc = np.zeros(k, dtype=np.float64)
+        self._c_err = np.zeros(k, dtype=np.float64)  # SpaceSaving errors (unused)
+        self._c_heap = np.zeros(k, dtype=np.int64)
+        self._c_pos = np.zeros(k, dtype=np.int64)
+        self._c_index = np.full(index_table_size(k), EMPTY, dtype=np.int64)
+        self._c_meta = np.zeros(2, dtype=np.int64)  # [size, total]
         self._cd = np.ones(k, dtype=np.int64)
         self._cstamp = np.full(k, -1, dtype=np.int64)
         self._cand_n = np.zeros(k, dtype=np.int64)
@@ -323,6 +317,11 @@ class FISH(Grouping):
             now,
             self._ck,
             self._cc,
+            self._c_err,
+            self._c_heap,
+            self._c_pos,
+            self._c_index,
+            self._c_meta,
             self._cd,
             self._cstamp,
             self._cand,
@@ -407,7 +406,7 @@ class FISH(Grouping):
 
     def hot_keys(self) -> dict[int, int]:
         """Currently tracked keys with ``d > 1`` this epoch: key hash -> d."""
-        size, epoch = int(self._st_i[_SIZE]), int(self._st_i[_EPOCH])
+        size, epoch = int(self._c_meta[0]), int(self._st_i[_EPOCH])
         return {
             int(self._ck[i]): int(self._cd[i])
             for i in range(size)
@@ -416,7 +415,7 @@ class FISH(Grouping):
 
     def counters(self) -> tuple[dict[int, float], float]:
         """The counter set (key hash -> decayed count) and the decayed total ``N``."""
-        size = int(self._st_i[_SIZE])
+        size = int(self._c_meta[0])
         return {int(self._ck[i]): float(self._cc[i]) for i in range(size)}, float(self._st_f[0])
 
     def service_time_estimates(self) -> np.ndarray:
