@@ -194,6 +194,7 @@ class SourceCore:
             "route_s": self.route_s,
             "wait_s": self.wait_s,
             "elapsed_s": (self.clock() - start) if start is not None else None,
+            "end_ts": self.clock(),
             "vw_history": self.vw_history,
         }
 

@@ -190,3 +190,52 @@ def test_bounded_queue_blocks_and_worker_thread_drains() -> None:
     th.join(timeout=5)
     assert len(acks) == 12 and sum(a["acked"] for a in acks) == 600
     assert w.finish()["keys"] == 12
+
+
+def test_source_honours_rate() -> None:
+    ft = FakeTime()
+    partials: list = []
+    workers = make_workers(2, ft, partials)
+    for w in workers:
+        w.service = type(w.service)(0.0, clock=ft.clock, sleep=ft.sleep)  # no service time
+    src = SourceCore(0, make_grouping("sg", 2, seed=0), DirectTransport(workers), n_workers=2,
+                     rate_per_source=5_000.0, clock=ft.clock, sleep=ft.sleep, t0=ft.t)
+    t = ft.t
+    src.run([pa.table({"key": [f"k{i}" for i in range(500)]}) for _ in range(20)])
+    assert ft.t - t == pytest.approx(10_000 / 5_000.0, rel=0.01)
+    assert src.acked == 10_000
+
+
+class RecordingGrouping:
+    """Wraps a grouping and records every ack it is fed."""
+
+    def __init__(self, inner) -> None:
+        self.inner = inner
+        self.acks: list[tuple[int, int, int]] = []
+
+    def route(self, h):
+        return self.inner.route(h)
+
+    def on_ack(self, worker: int, signal: int = 0, acked: int = 0) -> None:
+        self.acks.append((worker, signal, acked))
+        self.inner.on_ack(worker, signal, acked)
+
+    def stats(self):
+        return self.inner.stats()
+
+
+def test_every_ack_reaches_the_grouping_with_signals() -> None:
+    ft = FakeTime(0.0)
+    app = make_app("wordcount")
+    sig = SignalSettings(slot_s=0.1, busy_above=0.85, idle_below=0.75)
+    workers = [WorkerCore(i, app.new_worker_state(), service_us=200.0, clock=ft.clock,
+                          sleep=ft.sleep, t0=0.0, signals=sig, queue_capacity_batches=2)
+               for i in range(3)]
+    g = RecordingGrouping(make_grouping("cg", 3, seed=0))
+    src = SourceCore(0, g, DirectTransport(workers), n_workers=3, clock=ft.clock,
+                     sleep=ft.sleep, t0=0.0)
+    stats = src.run([pa.table({"key": [f"k{i % 97}" for i in range(900)]}) for _ in range(30)])
+    assert sum(a for _, _, a in g.acks) == 27_000 == stats["acked"]
+    signals = [s for _, s, _ in g.acks if s]
+    assert signals  # piggybacked on acks
+    assert stats["signals"]["increase"] + stats["signals"]["decrease"] == len(signals)
