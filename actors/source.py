@@ -12,7 +12,10 @@ times from ack timings through the grouping's clock. The source never reads
 the configured capacities.
 
 ``run.rate`` (messages/s over all sources) is honoured by pacing each source at
-``rate / sources`` on its own clock.
+``rate / sources`` on its own clock. A message's latency starts when its
+batch was due: its scheduled time when paced (a source that falls behind or
+is blocked by backpressure does not hide that time: no coordinated
+omission), or when the source took it from its shard at ``rate = 0``.
 
 ``SourceActor`` at the bottom is the Ray edge (``source-<i>``): a threaded
 actor so that ``progress()`` answers while ``run()`` is streaming.
@@ -129,9 +132,14 @@ class SourceCore:
             self.vw_history.append((now - self.t0, [int(x) for x in per()]))
 
     # ------------------------------------------------------------------ main loop
-    def send_batch(self, table: pa.Table) -> None:
-        """Route one micro-batch and send its per-worker sub-batches."""
+    def send_batch(self, table: pa.Table, emit_ts: float | None = None) -> None:
+        """Route one micro-batch and send its per-worker sub-batches.
+
+        ``emit_ts``: when the batch was due (its messages' latency starts
+        there); default now. Time spent blocked on backpressure is latency.
+        """
         t = self.clock()
+        emit = t if emit_ts is None else emit_ts
         keys = keys_of(table, self.key)
         n = len(keys)
         if n == 0:
@@ -150,7 +158,7 @@ class SourceCore:
             idx = order[bounds[w]:bounds[w + 1]]
             sub_keys = keys.take(pa.array(idx))
             sub_labels = labels[idx] if labels is not None else None
-            token = self.transport.send(int(w), sub_keys, sub_labels, self.clock())
+            token = self.transport.send(int(w), sub_keys, sub_labels, emit)
             self._inflight[token] = int(w)
             self._inflight_per_worker[w] += 1
             self.sent_per_worker[w] += len(idx)
@@ -165,7 +173,8 @@ class SourceCore:
             self.t0 = start
         self._record_vw(force=True)
         for table in batches:
-            self.send_batch(table)
+            # paced: the batch was due at its scheduled time, even if we are late
+            self.send_batch(table, start + self.routed / self.rate if self.rate > 0 else None)
             if self.rate > 0:
                 ahead = start + self.routed / self.rate - self.clock()
                 if ahead > 0:

@@ -239,3 +239,19 @@ def test_every_ack_reaches_the_grouping_with_signals() -> None:
     signals = [s for _, s, _ in g.acks if s]
     assert signals  # piggybacked on acks
     assert stats["signals"]["increase"] + stats["signals"]["decrease"] == len(signals)
+
+
+def test_latency_counts_from_the_scheduled_time_when_the_source_falls_behind() -> None:
+    """Offered 2x what the one worker can do: the source is held back by
+    backpressure, and that wait must show up as latency (no coordinated omission).
+    """
+    ft = FakeTime(0.0)
+    workers = make_workers(1, ft, [])  # 100 us/message: 10,000 msgs/s
+    src = SourceCore(0, make_grouping("kg", 1, seed=0), DirectTransport(workers), n_workers=1,
+                     rate_per_source=20_000.0, clock=ft.clock, sleep=ft.sleep, t0=0.0)
+    src.run([pa.table({"key": ["a"] * 100}) for _ in range(100)])  # 10,000 messages
+    assert ft.t == pytest.approx(1.0, rel=0.02)  # the worker's pace, not the offered rate
+    mean = src.lat_sum_s / src.acked
+    # message i is due at i / 20,000 s and done at (i + 1) / 10,000 s: mean ~0.25 s;
+    # stamping at send time would hide the wait and give ~a batch's service time
+    assert mean == pytest.approx(0.25, rel=0.1)

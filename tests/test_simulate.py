@@ -397,3 +397,14 @@ def test_sim_hetero_topology(tmp_path: Path) -> None:
     assert end[6:9].min() > max(end[:6].max(), end[9])
     sg = simulate(ROOT / "topologies" / "sim-hetero.yaml", ["grouping.scheme=sg"]).report
     assert rep["throughput_msgs_per_s"] > 1.15 * sg["throughput_msgs_per_s"]
+
+
+def test_latency_counts_from_the_scheduled_time_when_sources_fall_behind() -> None:
+    """One worker at 10,000 msgs/s offered 20,000 msgs/s: backpressure holds the
+    source back and that wait is latency (as in the real source)."""
+    t = topo("kg", input={"format": "zipf", "messages": 10_000, "keys": 100},
+             sources=1, workers={"count": 1, "service_us": 100}, run={"batch": 100, "rate": 20_000})
+    r = sim(t)
+    assert r.report["duration_s"] == pytest.approx(1.0, rel=0.02)
+    # message i is due at i / 20,000 s and done at (i + 1) / 10,000 s: mean 0.25 s
+    assert r.report["latency_ms"]["mean"] == pytest.approx(250, rel=0.05)

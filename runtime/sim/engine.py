@@ -18,9 +18,12 @@ granularity; no I/O, no wall clock, no Ray.
   it by worker and sends the sub-batches in worker order. It keeps at most
   ``run.max_inflight`` unacknowledged sub-batches per worker: when the worker
   it must send to next is full, it blocks until that worker acknowledges.
-- Emit time of a message = when its sub-batch is sent (the real source stamps
-  each sub-batch as it sends it), so time a source spends blocked is not
-  latency; transport source -> worker is instantaneous.
+- Emit time of a message = when its batch was due at the source, as the real
+  source stamps it: with ``run.rate > 0`` the batch's scheduled time
+  ``k * batch * sources / rate`` (time a source spends behind schedule or
+  blocked by backpressure is latency, no coordinated omission); with
+  ``rate = 0`` when the source takes the batch from its shard. Transport
+  source -> worker is instantaneous.
 - Worker ``w``: one FIFO queue, one message at a time, service time
   ``service_us / capacity_w(t)`` with the capacity of the moment the message
   starts (``workers.changes`` apply at ``at_s``; every throttle mechanism is
@@ -122,7 +125,7 @@ class EngineResult:
 
 
 class _Source:
-    __slots__ = ("blocked", "end", "k", "lo", "next_lo", "order", "pos", "starts")
+    __slots__ = ("blocked", "emit", "end", "k", "lo", "next_lo", "order", "pos", "starts")
 
     def __init__(self, begin: int, end: int) -> None:
         self.next_lo = begin  # next message of this source's shard (permuted index)
@@ -133,6 +136,7 @@ class _Source:
         self.order: np.ndarray = np.zeros(0, dtype=np.int64)
         self.starts: np.ndarray = np.zeros(0, dtype=np.int64)
         self.lo = 0
+        self.emit = 0.0  # when the batch in hand was due (latency starts here)
 
 
 class _WorkerSignals:
@@ -313,11 +317,13 @@ class Engine:
                 lo = st.next_lo
                 if lo >= st.end:
                     return
+                st.emit = self.now
                 if p.rate > 0:
                     t_take = st.k * p.batch * p.n_sources / p.rate
                     if t_take > self.now:
                         self._push(t_take, s, -1, 0, 0.0)
                         return
+                    st.emit = t_take
                 hi = min(st.end, lo + p.batch)
                 workers = self.groupings[s].route(self.hashes[lo:hi])
                 st.order, st.starts = kernels.split_by_worker(
@@ -326,7 +332,7 @@ class Engine:
                 st.pos = 0
             self._ensure_rows(int(st.starts[-1]))
             pos, n_sent = kernels.dispatch_batch(
-                st.pos, st.starts, st.order, st.lo, self.now,
+                st.pos, st.starts, st.order, st.lo, self.now, st.emit,
                 self.inflight[s], p.max_inflight, self.free_at, self.service_s,
                 self.sched_t, self.sched_c, self.key_ids, self.latency_s, self.msg_worker,
                 self.seen, self.use_seen, p.slot_s, self.lat_hist, self.busy_area,

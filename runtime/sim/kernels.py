@@ -73,6 +73,7 @@ def dispatch_batch(
     order: np.ndarray,
     lo: int,
     now_s: float,
+    emit_s: float,
     inflight: np.ndarray,
     max_inflight: int,
     free_at: np.ndarray,
@@ -96,8 +97,9 @@ def dispatch_batch(
 ) -> tuple[int, int]:  # pragma: no cover - compiled
     """Send a routed batch's sub-batches, worker by worker, from ``pos`` on.
 
-    Each sub-batch is emitted (stamped) and joins worker ``w``'s FIFO queue at
-    ``now_s``; its messages are served one after the other, ``finish_i =
+    Each sub-batch joins worker ``w``'s FIFO queue at ``now_s``; its
+    messages' latency counts from ``emit_s`` (when the batch was due at the
+    source, see ``engine``); its messages are served one after the other, ``finish_i =
     max(arrival, finish_{i-1}) + service_s / capacity_w(start_i)`` (capacity
     from the worker's schedule at the moment the message starts). Stops at the
     first worker whose in-flight window is full (``inflight[w] >=
@@ -135,7 +137,7 @@ def dispatch_batch(
                 j += 1
             t += service_s / sched_c[w, j]
             g = lo + order[i]
-            lat = t - now_s
+            lat = t - emit_s
             latency_s[g] = lat
             msg_worker[g] = w
             if use_seen:

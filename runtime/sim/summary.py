@@ -179,7 +179,8 @@ def build_report(topo: Topology, er: EngineResult) -> dict[str, Any]:
         "definitions": {
             "utilization": "U_w = mean queue length in batches / queue_capacity_batches",
             "imbalance": "I(t) = max_w U_w(t) - mean_w U_w(t) per slot",
-            "latency": "finish - emit (emit = when the source sent the sub-batch)",
+            "latency": "finish - emit (emit = when the batch was due at the source: "
+                       "its scheduled time when paced)",
         },
     }
     if er.vw is not None:
