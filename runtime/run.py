@@ -9,10 +9,12 @@ and Ray are shut down on every exit path.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import signal
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -53,6 +55,29 @@ def _sigterm(signum: int, frame: Any) -> None:
     raise KeyboardInterrupt
 
 
+@contextlib.contextmanager
+def engine_session(app_name: str, address: str | None = None) -> Iterator[Any]:
+    """Ray (local, or the cluster at ``address``) and a RayDP Spark session;
+    both are shut down on every exit path (SIGTERM included)."""
+    import ray
+
+    from actors import spark_input
+
+    signal.signal(signal.SIGTERM, _sigterm)
+    pythonpath = os.pathsep.join(x for x in (str(ROOT), os.environ.get("PYTHONPATH")) if x)
+    os.environ["PYTHONPATH"] = pythonpath  # workers started by this driver import our code
+    try:
+        ray.init(address=address, runtime_env={"env_vars": {"PYTHONPATH": pythonpath}},
+                 logging_level=logging.WARNING, log_to_driver=False)
+        yield spark_input.start_spark(app_name=app_name)
+    finally:
+        try:
+            spark_input.stop_spark()
+        finally:
+            if ray.is_initialized():
+                ray.shutdown()
+
+
 def main(argv: list[str] | None = None) -> int:
     p = base_parser("runtime.run", "Run a topology on Ray, fed by Spark (RayDP).")
     p.add_argument("--address", default=None,
@@ -70,25 +95,10 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     out = args.out or default_out_dir(topo.name)
 
-    import ray
+    with engine_session(topo.name, args.address) as spark:
+        from actors.pipeline import run_pipeline
 
-    from actors import spark_input
-    from actors.pipeline import run_pipeline
-
-    signal.signal(signal.SIGTERM, _sigterm)
-    pythonpath = os.pathsep.join(x for x in (str(ROOT), os.environ.get("PYTHONPATH")) if x)
-    os.environ["PYTHONPATH"] = pythonpath  # workers started by this driver import our code
-    try:
-        ray.init(address=args.address, runtime_env={"env_vars": {"PYTHONPATH": pythonpath}},
-                 logging_level=logging.WARNING, log_to_driver=False)
-        spark = spark_input.start_spark(app_name=topo.name)
         report = run_pipeline(topo, out, spark, progress=not args.no_progress)
-    finally:
-        try:
-            spark_input.stop_spark()
-        finally:
-            if ray.is_initialized():
-                ray.shutdown()
     print(summary_table(report))
     print(f"\noutputs: {out}")
     return 0

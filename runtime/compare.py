@@ -1,0 +1,224 @@
+"""``python -m runtime.compare TOPOLOGY.yaml --schemes kg,sg,pkg,cg,fish [--engine ray|sim]``
+
+Runs one topology once per grouping scheme on the same input and prints a
+side-by-side table: throughput, capacity efficiency, p50/p99 latency,
+imbalance, replication, migrations. The real engine starts Ray and Spark once
+and reads the input once (a cached DataFrame); the simulator reads it once.
+
+``--offered F`` sets ``run.rate`` to ``F`` times the cluster's total capacity
+at the start of the run (``sum(capacities) * 1e6 / service_us`` msgs/s), the
+way latency is compared at a fixed offered load (``--offered 0.8``).
+
+Outputs in ``--out`` (default ``runs/compare-<name>-<UTC timestamp>/``): one
+run directory per scheme (the usual report.json, timeseries.csv,
+result.parquet, report.png), ``compare.csv``, ``compare.md`` and
+``compare.png`` (the schemes' time series on shared axes).
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from runtime.cli import base_parser, fail, load_or_exit, run_main
+from runtime.grouping import SCHEMES
+from runtime.report import default_out_dir
+from runtime.topology import Topology
+
+DEFAULT_SCHEMES = ("kg", "sg", "pkg", "cg", "fish")
+
+COLUMNS = (  # (column, header, format)
+    ("scheme", "scheme", "{}"),
+    ("throughput_msgs_per_s", "msgs/s", "{:,.0f}"),
+    ("capacity_efficiency", "cap. eff.", "{:.3f}"),
+    ("latency_p50_ms", "p50 ms", "{:,.1f}"),
+    ("latency_p99_ms", "p99 ms", "{:,.1f}"),
+    ("imbalance_mean", "I(t) mean", "{:.3f}"),
+    ("replication", "replication", "{:.2f}"),
+    ("migrations", "migrations", "{:,}"),
+    ("duration_s", "duration s", "{:.1f}"),
+)
+
+
+def parse_schemes(text: str) -> list[str]:
+    schemes = [s.strip() for s in text.split(",") if s.strip()]
+    if not schemes:
+        fail("--schemes: empty list")
+    for s in schemes:
+        if s not in SCHEMES:
+            fail(f"--schemes: unknown scheme {s!r} (known: {', '.join(sorted(SCHEMES))})")
+    if len(set(schemes)) != len(schemes):
+        fail(f"--schemes: a scheme is listed twice ({text!r})")
+    return schemes
+
+
+def total_capacity_msgs_per_s(topo: Topology) -> float:
+    """What the configured capacities allow at the start of the run."""
+    if topo.workers.service_us <= 0:
+        return 0.0
+    return sum(topo.workers.capacities()) * 1e6 / topo.workers.service_us
+
+
+def topologies(path: str, overrides: Sequence[str], schemes: Sequence[str],
+               offered: float | None) -> list[Topology]:
+    """One topology per scheme, all validated before anything runs."""
+    out = []
+    for s in schemes:
+        topo = load_or_exit(path, [*overrides, f"grouping.scheme={s}"])
+        if offered is not None:
+            full = total_capacity_msgs_per_s(topo)
+            if full <= 0:
+                fail(f"--offered: needs workers.service_us > 0 (got {topo.workers.service_us})")
+            topo = load_or_exit(path, [*overrides, f"grouping.scheme={s}",
+                                       f"run.rate={offered * full:.6g}"])
+        out.append(topo)
+    return out
+
+
+def row(report: dict[str, Any]) -> dict[str, Any]:
+    lat = report["latency_ms"]
+    return {
+        "scheme": report["scheme"],
+        "engine": report["engine"],
+        "messages": report["messages"]["processed"],
+        "duration_s": report["duration_s"],
+        "throughput_msgs_per_s": report["throughput_msgs_per_s"],
+        "capacity_efficiency": report.get("capacity_efficiency", float("nan")),
+        "latency_p50_ms": lat["p50"],
+        "latency_p99_ms": lat["p99"],
+        "imbalance_mean": report["imbalance"]["mean"],
+        "replication": report["replication"],
+        "migrations": report["migrations"],
+        "offered_msgs_per_s": report.get("topology", {}).get("rate", 0.0),
+    }
+
+
+def markdown_table(rows: Sequence[dict[str, Any]]) -> str:
+    lines = ["| " + " | ".join(h for _, h, _ in COLUMNS) + " |",
+             "|" + "|".join("---" for _ in COLUMNS) + "|"]
+    for r in rows:
+        cells = []
+        for key, _, fmt in COLUMNS:
+            v = r.get(key)
+            cells.append("-" if v is None or v != v else fmt.format(v))
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def plot_compare(series: dict[str, pd.DataFrame], rows: Sequence[dict[str, Any]],
+                 title: str, path: Path) -> None:
+    """Every scheme's throughput, p99 latency and imbalance over time, plus
+    capacity efficiency and replication side by side."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(4, 1, figsize=(10, 10))
+    for scheme, ts in series.items():
+        for ax, col in zip(axes[:3], ("throughput_msgs_per_s", "latency_p99_ms", "imbalance"),
+                           strict=True):
+            if col in ts:
+                ax.plot(ts["t_s"], ts[col], lw=1, label=scheme)
+    for ax, label in zip(axes[:3], ("throughput (msgs/s)", "p99 latency (ms)", "imbalance I(t)"),
+                         strict=True):
+        ax.set_ylabel(label)
+        ax.set_xlabel("time (s)")
+    axes[1].set_yscale("log")
+    axes[0].legend(ncol=len(series), fontsize=8)
+    names = [r["scheme"] for r in rows]
+    x = range(len(rows))
+    ax = axes[3]
+    ax.bar([i - 0.2 for i in x], [r["capacity_efficiency"] for r in rows], width=0.4,
+           label="capacity efficiency")
+    ax.bar([i + 0.2 for i in x], [r["replication"] / max(r2["replication"] for r2 in rows)
+                                  for r in rows], width=0.4, label="replication (/ max)")
+    ax.set_xticks(list(x), names)
+    ax.legend(fontsize=8)
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+
+
+def run_all(topos: Sequence[Topology], engine: str, out: Path, *, address: str | None,
+            progress: bool, say: Callable[[str], None]) -> tuple[list[dict], dict]:
+    """Run every topology on ``engine``; returns the table rows and time series."""
+    rows: list[dict[str, Any]] = []
+    series: dict[str, pd.DataFrame] = {}
+
+    def record(topo: Topology, report: dict[str, Any], run_dir: Path) -> None:
+        rows.append(row(report))
+        series[topo.grouping.scheme] = pd.read_csv(run_dir / "timeseries.csv")
+        r = rows[-1]
+        say(f"[{topo.grouping.scheme}] {r['throughput_msgs_per_s']:,.0f} msgs/s, "
+            f"efficiency {r['capacity_efficiency']:.3f}, p99 {r['latency_p99_ms']:,.1f} ms, "
+            f"replication {r['replication']:.2f}")
+
+    if engine == "sim":
+        from runtime.sim import simulate
+        from runtime.sim.inputs import load_input
+
+        inp = load_input(topos[0])
+        for topo in topos:
+            res = simulate(topo, sim_input=inp)
+            run_dir = res.write(out / topo.grouping.scheme)
+            record(topo, res.report, run_dir)
+        return rows, series
+
+    from runtime.run import check_input_columns, engine_session
+
+    check_input_columns(topos[0])
+    with engine_session(f"compare-{topos[0].name}", address) as spark:
+        from actors.pipeline import run_pipeline
+        from actors.spark_input import build_dataframe
+
+        df = build_dataframe(spark, topos[0]).cache()
+        for topo in topos:
+            run_dir = out / topo.grouping.scheme
+            report = run_pipeline(topo, run_dir, spark, progress=progress, log=say, df=df)
+            record(topo, report, run_dir)
+        df.unpersist()
+    return rows, series
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = base_parser("python -m runtime.compare",
+                    "Run one topology with several grouping schemes and compare them.")
+    p.add_argument("--schemes", default=",".join(DEFAULT_SCHEMES),
+                   help=f"comma-separated schemes (default {','.join(DEFAULT_SCHEMES)})")
+    p.add_argument("--engine", choices=("ray", "sim"), default="ray",
+                   help="ray: the real runtime (default); sim: the simulator")
+    p.add_argument("--offered", type=float, default=None, metavar="F",
+                   help="offered rate as a fraction of the total capacity (sets run.rate)")
+    p.add_argument("--address", default=None, help="Ray cluster address (engine ray)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bars")
+    args = p.parse_args(argv)
+    schemes = parse_schemes(args.schemes)
+    if args.offered is not None and not args.offered > 0:
+        fail(f"--offered: must be > 0 (got {args.offered})")
+    topos = topologies(args.topology, args.overrides, schemes, args.offered)
+    name = topos[0].name
+    out = Path(args.out or default_out_dir(f"compare-{name}"))
+
+    def say(m: str) -> None:
+        print(m, file=sys.stderr)
+
+    rows, series = run_all(topos, args.engine, out, address=args.address,
+                           progress=not args.no_progress, say=say)
+    table = markdown_table(rows)
+    offered = f", offered {args.offered:g}x capacity" if args.offered else ", rate 0 (saturated)"
+    title = f"{name} on {args.engine}{offered}"
+    pd.DataFrame(rows).to_csv(out / "compare.csv", index=False)
+    (out / "compare.md").write_text(f"# {title}\n\n{table}\n")
+    plot_compare(series, rows, title, out / "compare.png")
+    print(f"{title}\n\n{table}\n\noutputs: {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    run_main(lambda: main(sys.argv[1:]))
