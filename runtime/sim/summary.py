@@ -176,6 +176,12 @@ def build_report(topo: Topology, er: EngineResult) -> dict[str, Any]:
         "signals_emitted": er.signals_emitted,
         "service_us": p.service_us,
         "ack_delay_ms": p.ack_delay_s * 1e3,
+        "topology": {"sources": topo.sources, "workers": topo.workers.count,
+                     "service_us": topo.workers.service_us,
+                     "throttle": topo.workers.throttle, "batch": topo.run.batch,
+                     "max_inflight": topo.run.max_inflight, "rate": topo.run.rate,
+                     "slot_s": topo.run.slot_s, "queue_batches": topo.workers.queue_batches,
+                     "grouping": topo.grouping_params()},
         "definitions": {
             "utilization": "U_w = mean queue length in batches / queue_capacity_batches",
             "imbalance": "I(t) = max_w U_w(t) - mean_w U_w(t) per slot",
