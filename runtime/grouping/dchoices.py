@@ -4,9 +4,22 @@ processing", ICDE 2016.
 
 Each source keeps a weighted SpaceSaving summary (capacity ``capacity``,
 default 100) of the keys it routed and its message count ``m``. A message's key
-is *head* if its summary count ``c_k`` satisfies ``c_k / m > theta`` (default
+is *head* if its *guaranteed* summary count ``g_k = c_k - e_k`` (counter minus
+the error it inherited on insertion) satisfies ``g_k / m > theta`` (default
 ``theta = 1/(5n)``), evaluated per message *after* counting that message;
 otherwise it is *tail*. Loads are this source's local per-worker counts.
+
+Why ``g_k`` and not ``c_k`` [ours]: ALGORITHMS.md defines head as
+``f_k = count_k / m > theta`` with ``f_k`` the key's frequency; the summary
+only bounds it, ``g_k <= true count <= c_k``. Once the summary is full every
+newly inserted key starts at ``c_k = c_min + 1``, and ``c_min / m`` can reach
+``1 / capacity``, which is above ``theta = 1/(5n)`` for ``n > capacity / 5``
+(20 workers at the default): with ``c_k`` every new key - i.e. almost every
+tail key - looked like head, W-Choices degenerated to shuffle grouping and
+D-Choices spread the tail over ``d`` workers (the same symptom as the
+reference bug ALGORITHMS.md says not to reproduce). With ``g_k`` no key whose
+true frequency is ``<= theta`` is ever head; the price is that a key with
+``theta < f_k < c_min / m`` that keeps being evicted is treated as tail (PKG).
 
 - tail key: PKG (two hashed candidates, lower local count, ties to the first).
 - W-Choices head key: the least loaded of *all* ``n`` workers (ties: lowest id).
@@ -22,10 +35,10 @@ otherwise it is *tail*. Loads are this source's local per-worker counts.
 Summary refresh [ours]: ``d`` is recomputed from the summary after every
 ``refresh_every`` messages of this source (after message number
 ``j * refresh_every``, ``j >= 1``), and before the first refresh ``d = 2``.
-At a refresh, the head set is every tracked key with ``c_k / m > theta``,
-``h`` its size, ``p_1`` the largest ``c_k / m`` and ``p_H`` the head's total
-``c_k / m`` (SpaceSaving counts over-estimate, so the head is a superset of the
-true one). A refresh with an empty head sets ``d = 2``. The message count is
+At a refresh, the head set is every tracked key with ``g_k / m > theta`` (the
+per-message rule, so a subset of the true head), ``h`` its size, ``p_1`` the
+largest ``c_k / m`` and ``p_H`` the head's total ``c_k / m`` (upper bounds on
+the head keys' frequencies: the conservative side for ``d``). A refresh with an empty head sets ``d = 2``. The message count is
 incremented on every message (the reference bug that left it at 0 is not
 reproduced: then every tracked key looked hot).
 
@@ -70,14 +83,14 @@ def dchoices_d(p1: float, p_head: float, h: int, n: int, eps: float) -> int:  # 
 
 @kernel(inline=True)
 def _refresh_d(
-    counts: np.ndarray, size: int, m: int, theta: float, n: int, eps: float
+    counts: np.ndarray, errors: np.ndarray, size: int, m: int, theta: float, n: int, eps: float
 ) -> int:  # pragma: no cover
     h = 0
     top = 0
     mass = 0
     for s in range(size):
         c = counts[s]
-        if c > theta * m:
+        if c - errors[s] > theta * m:  # head on the guaranteed count (docstring)
             h += 1
             mass += c
             if c > top:
@@ -116,7 +129,9 @@ def _choices_route(
         m = state[0]
         a, b = pkg_pair(h, nn, magic)
         w = b if loads[b] < loads[a] else a
-        if ss_counts[s] > theta * m:  # head key
+        # head on the guaranteed count c - e, never on the over-estimate c
+        # (module docstring: with c every new key looks hot once n > cap / 5)
+        if ss_counts[s] - ss_errors[s] > theta * m:  # head key
             if mode == MODE_W or state[1] >= n:
                 w = np.int64(0)
                 for j in range(1, n):
@@ -130,7 +145,7 @@ def _choices_route(
         loads[w] += 1
         out[i] = w
         if m % refresh_every == 0:
-            state[1] = _refresh_d(ss_counts, ss_meta[0], m, theta, n, eps)
+            state[1] = _refresh_d(ss_counts, ss_errors, ss_meta[0], m, theta, n, eps)
 
 
 class _HeadTailChoices(Grouping):
@@ -199,7 +214,7 @@ class DChoices(_HeadTailChoices):
 
     Tunables:
         capacity: SpaceSaving counters, in ``[1, 1e6]`` (default 100).
-        theta: head threshold on ``c_k / m``, in ``(0, 1]`` (default ``1/(5n)``).
+        theta: head threshold on ``(c_k - e_k) / m``, in ``(0, 1]`` (default ``1/(5n)``).
         refresh_every: messages between recomputations of ``d``, in
             ``[1, 1e9]`` (default 1000, one micro-batch).
         eps: imbalance tolerance in the ``d`` inequalities, in ``[0, 1)``
@@ -216,7 +231,7 @@ class WChoices(_HeadTailChoices):
 
     Tunables:
         capacity: SpaceSaving counters, in ``[1, 1e6]`` (default 100).
-        theta: head threshold on ``c_k / m``, in ``(0, 1]`` (default ``1/(5n)``).
+        theta: head threshold on ``(c_k - e_k) / m``, in ``(0, 1]`` (default ``1/(5n)``).
     """
 
     name = "wchoices"

@@ -9,9 +9,16 @@ Per source, with local state only (ALGORITHMS.md, formulas reconstructed):
    every ``epoch`` messages (E, default 10_000) every counter and ``N`` are
    multiplied by ``decay`` (alpha, default 0.5) and counters below 1 are
    dropped: decay per epoch, never per message.
-2. **CHK.** A key is hot when ``f_k = C[k] / N >= theta`` (default
+2. **CHK.** A key is hot when ``f_k = (C[k] - E[k]) / N >= theta`` (default
    ``1 / (5 n)``) and ``N >= 1 / theta`` (before that one occurrence would
-   make any key hot [ours]). A hot key gets ``d_k = min(n, max(d_min,
+   make any key hot [ours]). ``E[k]`` is the SpaceSaving error: the ``c_min``
+   the key inherited at ReplaceMin (0 if it took a free counter), decayed with
+   its counter, so ``C[k] - E[k]`` is the key's guaranteed (decayed) count
+   [ours]: ALGORITHMS.md writes ``C[k] / N``, but ``C[k]`` over-counts by up
+   to ``c_min``, and ``c_min / N`` reaches ``1 / K`` > ``theta`` for ``n >
+   K / 5``, so every key just inserted by ReplaceMin looked hot (a cold key
+   then used 2 workers instead of 1). A key with ``theta <= f_k < c_min / N``
+   that keeps being evicted is the price: it stays cold. A hot key gets ``d_k = min(n, max(d_min,
    ceil(f_k * n)))`` candidates (``d_min`` = 2), a cold key 1. Classification
    runs per message on the live counters; the hot set is also recomputed at
    each epoch end, after decay, and the ``d_k`` set then or raised during an
@@ -124,7 +131,8 @@ def fish_route(
     ``succ`` = ring successor index of each key; ``ck/cc/c_err/c_heap/c_pos/
     c_index/c_meta`` = the SpaceSaving counter set (``runtime.sketches``
     layout, ``c_meta = [size, total]``; ReplaceMin evicts the lowest-slot
-    minimum, as a scan of the slots in order would); ``cd/cstamp`` = each
+    minimum, as a scan of the slots in order would; ``c_err`` = each
+    counter's SpaceSaving error, decayed with it); ``cd/cstamp`` = each
     counter's d and the epoch its d was set; ``cand/cand_n`` = cached ring
     candidates per counter slot; ``st_i`` = [unused, pos in epoch, epoch,
     scratch stamp]; ``st_f`` = [N].
@@ -144,7 +152,8 @@ def fish_route(
         # 2. CHK on the live counters; d never shrinks within its epoch
         d_live = 1
         if n_total >= min_evidence:
-            d_live = _chk(cc[slot] / n_total, theta, d_min, n_alive)
+            # guaranteed count C - E, not C (module docstring, CHK)
+            d_live = _chk((cc[slot] - c_err[slot]) / n_total, theta, d_min, n_alive)
         d_kept = cd[slot] if cstamp[slot] == epoch else 1
         d = d_live if d_live > d_kept else d_kept
         if d > d_kept:
@@ -189,10 +198,11 @@ def fish_route(
                 if c_i >= 1.0:
                     ck[k] = ck[i]
                     cc[k] = c_i
+                    c_err[k] = c_err[i] * alpha
                     cand_n[k] = cand_n[i]
                     for c in range(cand_n[i]):
                         cand[k, c] = cand[i, c]
-                    f = c_i / n_total
+                    f = (c_i - c_err[k]) / n_total
                     if n_total >= min_evidence and f >= theta:
                         cd[k] = _chk(f, theta, d_min, n_alive)
                         cstamp[k] = epoch + 1
@@ -211,7 +221,7 @@ class FISH(Grouping):
     Tunables:
         epoch: messages per epoch E, in ``[1, 10**9]`` (default 10_000).
         decay: per-epoch decay alpha, in ``(0, 1]`` (default 0.5).
-        theta: hot threshold on ``C[k] / N``, in ``(0, 1]``; default ``None``
+        theta: hot threshold on ``(C[k] - E[k]) / N``, in ``(0, 1]``; default ``None``
             = ``1 / (5 n)``.
         capacity: counters K, in ``[1, 100_000]`` (default 100).
         d_min: candidates of a hot key at least, in ``[1, n]`` (default 2,
@@ -263,7 +273,7 @@ class FISH(Grouping):
         k = self.capacity
         self._ck = np.zeros(k, dtype=np.uint64)
         self._cc = np.zeros(k, dtype=np.float64)
-        self._c_err = np.zeros(k, dtype=np.float64)  # SpaceSaving errors (unused)
+        self._c_err = np.zeros(k, dtype=np.float64)  # SpaceSaving errors (decayed)
         self._c_heap = np.zeros(k, dtype=np.int64)
         self._c_pos = np.zeros(k, dtype=np.int64)
         self._c_index = np.full(index_table_size(k), EMPTY, dtype=np.int64)
