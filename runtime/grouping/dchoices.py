@@ -109,6 +109,7 @@ def _choices_route(
     ss_counts: np.ndarray,
     ss_errors: np.ndarray,
     ss_heap: np.ndarray,
+    ss_heap_counts: np.ndarray,
     ss_pos: np.ndarray,
     ss_table: np.ndarray,
     ss_meta: np.ndarray,
@@ -124,7 +125,9 @@ def _choices_route(
     magic = magic_of(nn)
     for i in range(key_hashes.shape[0]):
         h = key_hashes[i]
-        s = ss_update(ss_keys, ss_counts, ss_errors, ss_heap, ss_pos, ss_table, ss_meta, h, 1)
+        s = ss_update(
+            ss_keys, ss_counts, ss_errors, ss_heap, ss_heap_counts, ss_pos, ss_table, ss_meta, h, 1
+        )
         state[0] += 1
         m = state[0]
         a, b = pkg_pair(h, nn, magic)

@@ -105,6 +105,7 @@ def fish_route(
     cc: np.ndarray,
     c_err: np.ndarray,
     c_heap: np.ndarray,
+    c_heap_counts: np.ndarray,
     c_pos: np.ndarray,
     c_index: np.ndarray,
     c_meta: np.ndarray,
@@ -128,8 +129,8 @@ def fish_route(
 ) -> None:  # pragma: no cover - compiled
     """The FISH loop over one micro-batch; all state is updated in place.
 
-    ``succ`` = ring successor index of each key; ``ck/cc/c_err/c_heap/c_pos/
-    c_index/c_meta`` = the SpaceSaving counter set (``runtime.sketches``
+    ``succ`` = ring successor index of each key; ``ck/cc/c_err/c_heap/
+    c_heap_counts/c_pos/c_index/c_meta`` = the SpaceSaving counter set (``runtime.sketches``
     layout, ``c_meta = [size, total]``; ReplaceMin evicts the lowest-slot
     minimum, as a scan of the slots in order would; ``c_err`` = each
     counter's SpaceSaving error, decayed with it); ``cd/cstamp`` = each
@@ -142,7 +143,9 @@ def fish_route(
         h = key_hashes[j]
         epoch = st_i[_EPOCH]
         # 1. SpaceSaving update: +1 if present, insert if room, else ReplaceMin
-        slot, new = ss_update_slot(ck, cc, c_err, c_heap, c_pos, c_index, c_meta, h, 1, True)
+        slot, new = ss_update_slot(
+            ck, cc, c_err, c_heap, c_heap_counts, c_pos, c_index, c_meta, h, 1, True
+        )
         if new:
             cd[slot] = 1
             cstamp[slot] = -1
@@ -211,7 +214,7 @@ def fish_route(
                         cstamp[k] = -1
                     k += 1
             c_meta[0] = k
-            ss_reindex(ck, cc, c_heap, c_pos, c_index, k, True)
+            ss_reindex(ck, cc, c_heap, c_heap_counts, c_pos, c_index, k, True)
 
 
 @register
@@ -275,6 +278,7 @@ class FISH(Grouping):
         self._cc = np.zeros(k, dtype=np.float64)
         self._c_err = np.zeros(k, dtype=np.float64)  # SpaceSaving errors (decayed)
         self._c_heap = np.zeros(k, dtype=np.int64)
+        self._c_heap_counts = np.zeros(k, dtype=np.float64)  # cc in heap order
         self._c_pos = np.zeros(k, dtype=np.int64)
         self._c_index = np.full(index_table_size(k), EMPTY, dtype=np.int64)
         self._c_meta = np.zeros(2, dtype=np.int64)  # [size, total]
@@ -329,6 +333,7 @@ class FISH(Grouping):
             self._cc,
             self._c_err,
             self._c_heap,
+            self._c_heap_counts,
             self._c_pos,
             self._c_index,
             self._c_meta,
