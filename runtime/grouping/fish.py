@@ -125,6 +125,7 @@ def fish_route(
     t_est: np.ndarray,
     sent: np.ndarray,
     seen: np.ndarray,
+    drained: np.ndarray,
     out: np.ndarray,
 ) -> None:  # pragma: no cover - compiled
     """The FISH loop over one micro-batch; all state is updated in place.
@@ -136,9 +137,13 @@ def fish_route(
     counter's SpaceSaving error, decayed with it); ``cd/cstamp`` = each
     counter's d and the epoch its d was set; ``cand/cand_n`` = cached ring
     candidates per counter slot; ``st_i`` = [unused, pos in epoch, epoch,
-    scratch stamp]; ``st_f`` = [N].
+    scratch stamp]; ``st_f`` = [N]. ``drained`` (scratch, one per worker) =
+    ``(now - t0) / t_est``, computed once per batch (``now`` is constant) and
+    reset to 0 when ``t0 = now``: the same values as computing it per message.
     """
     min_evidence = 1.0 / theta
+    for x in range(drained.shape[0]):
+        drained[x] = (now - t0[x]) / t_est[x]
     for j in range(key_hashes.shape[0]):
         h = key_hashes[j]
         epoch = st_i[_EPOCH]
@@ -175,16 +180,17 @@ def fish_route(
             best_wait = 0.0
             for c in range(min(d, cand_n[slot])):
                 x = cand[slot, c]
-                u = a_sent[x] - (now - t0[x]) / t_est[x]
+                u = a_sent[x] - drained[x]
                 wait = u * t_est[x] if u > 0.0 else 0.0
                 if best < 0 or wait < best_wait:
                     best = x
                     best_wait = wait
             w = best
         # account for the message: reset a drained worker first
-        if a_sent[w] - (now - t0[w]) / t_est[w] <= 0.0:
+        if a_sent[w] - drained[w] <= 0.0:
             a_sent[w] = 0.0
             t0[w] = now
+            drained[w] = 0.0  # (now - now) / t_est
         a_sent[w] += 1.0
         sent[w] += 1
         out[j] = w
@@ -308,6 +314,7 @@ class FISH(Grouping):
         self._last_ack = grow(getattr(self, "_last_ack", None), -math.inf, np.float64)
         self._observed = grow(getattr(self, "_observed", None), 0, np.bool_)
         self._seen = np.zeros(size, dtype=np.int64)
+        self._drained = np.zeros(size, dtype=np.float64)
         self._cand = np.zeros((self.capacity, size), dtype=np.int32)
         self._cand_n[:] = 0
         self._log_t: list[float] = getattr(self, "_log_t", [])
@@ -353,6 +360,7 @@ class FISH(Grouping):
             self._t,
             self._sent,
             self._seen,
+            self._drained,
             out,
         )
         self._log_send(now)
