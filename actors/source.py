@@ -3,9 +3,14 @@
 ``SourceCore`` is the plain class (no Ray). For every micro-batch of its shard
 (``run.batch`` messages) it hashes the keys (``runtime.hashing``), routes them
 with its *own* grouping instance (seed ``run.seed + index``), splits the batch
-into per-worker sub-batches and sends each through a ``Transport``, keeping at
-most ``run.max_inflight`` unacknowledged sub-batches per worker: a stopped or
-slow worker blocks its source (bounded memory) instead of piling up messages.
+into per-worker sub-batches, queues each in its worker's outbox and sends
+through a ``Transport`` while the worker has fewer than ``run.max_inflight``
+unacknowledged sub-batches. A stopped or slow worker blocks its source only
+once its outbox holds more than ``outbox`` (default ``max_inflight``)
+sub-batches - bounded memory, never a growing pile - and until then the other
+workers keep being fed instead of idling behind it (head-of-line blocking:
+a worker stopped by the duty-cycle throttler for 70 ms would otherwise stall
+every worker of that source).
 Every ack goes to ``grouping.on_ack(worker, signal, acked)`` as soon as it is
 seen: CG moves virtual workers on piggybacked signals, FISH learns service
 times from ack timings through the grouping's clock. The source never reads
@@ -23,6 +28,7 @@ actor so that ``progress()`` answers while ``run()`` is streaming.
 
 from __future__ import annotations
 
+import collections
 import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -69,6 +75,7 @@ class SourceCore:
         *,
         n_workers: int,
         max_inflight: int = 2,
+        outbox: int | None = None,
         rate_per_source: float = 0.0,
         key: str = "key",
         label: str | None = None,
@@ -82,6 +89,10 @@ class SourceCore:
         self.transport = transport
         self.n_workers = int(n_workers)
         self.max_inflight = int(max_inflight)
+        self.outbox_max = self.max_inflight if outbox is None else int(outbox)
+        # per worker: routed sub-batches waiting for a free in-flight slot (FIFO)
+        self._outbox: list[collections.deque] = [collections.deque()
+                                                 for _ in range(self.n_workers)]
         self.rate = float(rate_per_source)
         self.key = key
         self.label = label
@@ -133,10 +144,11 @@ class SourceCore:
 
     # ------------------------------------------------------------------ main loop
     def send_batch(self, table: pa.Table, emit_ts: float | None = None) -> None:
-        """Route one micro-batch and send its per-worker sub-batches.
+        """Route one micro-batch, queue its per-worker sub-batches in the
+        workers' outboxes and send what the in-flight windows allow.
 
         ``emit_ts``: when the batch was due (its messages' latency starts
-        there); default now. Time spent blocked on backpressure is latency.
+        there); default now. Time spent in an outbox is latency.
         """
         t = self.clock()
         emit = t if emit_ts is None else emit_ts
@@ -153,19 +165,31 @@ class SourceCore:
         bounds = np.concatenate([[0], np.cumsum(counts)])
         self.route_s += self.clock() - t
         for w in np.flatnonzero(counts):
-            while self._inflight_per_worker[w] >= self.max_inflight:
-                self._wait_some()
             idx = order[bounds[w]:bounds[w + 1]]
-            sub_keys = keys.take(pa.array(idx))
-            sub_labels = labels[idx] if labels is not None else None
-            token = self.transport.send(int(w), sub_keys, sub_labels, emit)
-            self._inflight[token] = int(w)
-            self._inflight_per_worker[w] += 1
+            self._outbox[w].append((keys.take(pa.array(idx)),
+                                    labels[idx] if labels is not None else None, emit))
             self.sent_per_worker[w] += len(idx)
         self.routed += n
         self.batches += 1
+        self._flush()
+        # backpressure: a worker whose outbox is over its bound blocks this source
+        # (memory per worker <= max_inflight + outbox sub-batches); the others
+        # keep being fed meanwhile instead of idling behind it
+        while any(len(q) > self.outbox_max for q in self._outbox):
+            self._wait_some()
+            self._flush()
         # opportunistic: take acks that are already there, without blocking
         self._wait_some(timeout=0)
+        self._flush()
+
+    def _flush(self) -> None:
+        """Send queued sub-batches, oldest first, while the windows allow."""
+        for w, q in enumerate(self._outbox):
+            while q and self._inflight_per_worker[w] < self.max_inflight:
+                sub_keys, sub_labels, emit = q.popleft()
+                token = self.transport.send(w, sub_keys, sub_labels, emit)
+                self._inflight[token] = w
+                self._inflight_per_worker[w] += 1
 
     def run(self, batches: Iterable[pa.Table]) -> dict[str, Any]:
         start = self.clock()
@@ -179,8 +203,9 @@ class SourceCore:
                 ahead = start + self.routed / self.rate - self.clock()
                 if ahead > 0:
                     self.sleep(ahead)
-        while self._inflight:
+        while self._inflight or any(self._outbox):
             self._wait_some()
+            self._flush()
         self._record_vw(force=True)
         self.done = True
         return self.stats(start)

@@ -255,3 +255,39 @@ def test_latency_counts_from_the_scheduled_time_when_the_source_falls_behind() -
     # message i is due at i / 20,000 s and done at (i + 1) / 10,000 s: mean ~0.25 s;
     # stamping at send time would hide the wait and give ~a batch's service time
     assert mean == pytest.approx(0.25, rel=0.1)
+
+
+def test_outboxes_are_bounded_and_keep_fifo_per_worker() -> None:
+    """One worker 50x slower: the source queues at most ``outbox`` sub-batches per
+    worker beyond the in-flight window, and each worker sees its sub-batches in
+    routing order (emit times never go backwards)."""
+    ft = FakeTime()
+    partials: list = []
+    workers = make_workers(2, ft, partials)
+    workers[1].service = type(workers[1].service)(5_000.0, clock=ft.clock, sleep=ft.sleep)
+    transport = DirectTransport(workers)
+    seen: dict[int, list[float]] = {0: [], 1: []}
+    send = transport.send
+
+    def recording_send(worker, keys, labels, emit_ts):
+        seen[worker].append(emit_ts)
+        return send(worker, keys, labels, emit_ts)
+
+    transport.send = recording_send
+    src = SourceCore(0, make_grouping("sg", 2, seed=0), transport, n_workers=2,
+                     max_inflight=2, outbox=3, clock=ft.clock, sleep=ft.sleep, t0=ft.t)
+    longest = 0
+    flush = src._flush
+
+    def watching_flush() -> None:
+        nonlocal longest
+        longest = max(longest, *(len(q) for q in src._outbox))
+        flush()
+
+    src._flush = watching_flush
+    stats = src.run([pa.table({"key": [f"k{i}" for i in range(100)]}) for _ in range(40)])
+    assert stats["acked"] == 4_000
+    assert longest <= 3 + 1  # the bound, plus the batch just routed
+    assert max(transport.max_inflight_seen.values()) <= 2
+    for w in (0, 1):
+        assert seen[w] == sorted(seen[w]) and len(seen[w]) == 40

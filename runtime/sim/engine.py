@@ -15,9 +15,12 @@ granularity; no I/O, no wall clock, no Ray.
   allows.
 - Source ``s`` routes each batch with its *own* grouping instance
   (``seed = run.seed + s``; local state only, clock = simulated time), splits
-  it by worker and sends the sub-batches in worker order. It keeps at most
-  ``run.max_inflight`` unacknowledged sub-batches per worker: when the worker
-  it must send to next is full, it blocks until that worker acknowledges.
+  it by worker and queues the sub-batches in per-worker outboxes, as the real
+  source (``actors/source.py``): a sub-batch is sent when its worker has fewer
+  than ``run.max_inflight`` unacknowledged sub-batches from this source, and
+  the source takes its next batch only while no outbox holds more than
+  ``outbox`` (default ``max_inflight``) sub-batches; otherwise it blocks until
+  that worker acknowledges.
 - Emit time of a message = when its batch was due at the source, as the real
   source stamps it: with ``run.rate > 0`` the batch's scheduled time
   ``k * batch * sources / rate`` (time a source spends behind schedule or
@@ -90,6 +93,11 @@ class SimParams:
     ack_delay_s: float = DEFAULT_ACK_DELAY_MS / 1e3
     queue_batches: int = 8
     shard_block_rows: int = SHARD_BLOCK_ROWS
+    outbox: int | None = None  # sub-batches queued per worker at a source (None: max_inflight)
+
+    @property
+    def outbox_max(self) -> int:
+        return self.max_inflight if self.outbox is None else self.outbox
 
     @property
     def queue_capacity_batches(self) -> int:
@@ -124,19 +132,28 @@ class EngineResult:
     events: int
 
 
-class _Source:
-    __slots__ = ("blocked", "emit", "end", "k", "lo", "next_lo", "order", "pos", "starts")
+class _Batch:
+    """A routed batch whose sub-batches are not all sent yet."""
 
-    def __init__(self, begin: int, end: int) -> None:
+    __slots__ = ("emit", "lo", "order", "sent", "starts")
+
+    def __init__(self, lo: int, order: np.ndarray, starts: np.ndarray, emit: float) -> None:
+        self.lo = lo
+        self.order = order
+        self.starts = starts
+        self.emit = emit  # when the batch was due (latency starts here)
+        self.sent = starts[1:] == starts[:-1]  # empty sub-batches count as sent
+
+
+class _Source:
+    __slots__ = ("end", "k", "next_lo", "pending", "unsent")
+
+    def __init__(self, begin: int, end: int, n_workers: int) -> None:
         self.next_lo = begin  # next message of this source's shard (permuted index)
         self.end = end
         self.k = 0  # batches taken so far
-        self.pos = -1  # -1: no batch in hand
-        self.blocked = -1
-        self.order: np.ndarray = np.zeros(0, dtype=np.int64)
-        self.starts: np.ndarray = np.zeros(0, dtype=np.int64)
-        self.lo = 0
-        self.emit = 0.0  # when the batch in hand was due (latency starts here)
+        self.pending: deque[_Batch] = deque()  # oldest first
+        self.unsent = np.zeros(n_workers, dtype=np.int64)  # outbox length per worker
 
 
 class _WorkerSignals:
@@ -281,7 +298,7 @@ class Engine:
         if self.perm is not None:  # messages in source-major order: batches are contiguous
             self.key_ids = self.key_ids[self.perm]
             self.hashes = self.hashes[self.perm]
-        self.sources = [_Source(int(bounds[s]), int(bounds[s + 1]))
+        self.sources = [_Source(int(bounds[s]), int(bounds[s + 1]), nw)
                         for s in range(p.n_sources)]
         self.vw_snapshots: list[np.ndarray] = []
         self.events = 0
@@ -309,30 +326,42 @@ class Engine:
     # ------------------------------------------------------------------ sources
 
     def _dispatch(self, s: int) -> None:
-        """Source ``s`` sends what it can at ``now``: until blocked, rate-limited or done."""
+        """Source ``s`` at ``now``: send queued sub-batches while the windows
+        allow, then take and route new batches until an outbox is over its
+        bound, the rate says wait, or the shard is done."""
         p = self.p
         st = self.sources[s]
         while True:
-            if st.pos < 0:
-                lo = st.next_lo
-                if lo >= st.end:
+            self._send_pending(s, st)
+            if (st.unsent > p.outbox_max).any():
+                return  # blocked: an ack from that worker dispatches again
+            lo = st.next_lo
+            if lo >= st.end:
+                return
+            emit = self.now
+            if p.rate > 0:
+                emit = st.k * p.batch * p.n_sources / p.rate
+                if emit > self.now:
+                    self._push(emit, s, -1, 0, 0.0)
                     return
-                st.emit = self.now
-                if p.rate > 0:
-                    t_take = st.k * p.batch * p.n_sources / p.rate
-                    if t_take > self.now:
-                        self._push(t_take, s, -1, 0, 0.0)
-                        return
-                    st.emit = t_take
-                hi = min(st.end, lo + p.batch)
-                workers = self.groupings[s].route(self.hashes[lo:hi])
-                st.order, st.starts = kernels.split_by_worker(
-                    np.ascontiguousarray(workers, dtype=np.int32), p.n_workers)
-                st.lo = lo
-                st.pos = 0
-            self._ensure_rows(int(st.starts[-1]))
-            pos, n_sent = kernels.dispatch_batch(
-                st.pos, st.starts, st.order, st.lo, self.now, st.emit,
+            hi = min(st.end, lo + p.batch)
+            workers = self.groupings[s].route(self.hashes[lo:hi])
+            order, starts = kernels.split_by_worker(
+                np.ascontiguousarray(workers, dtype=np.int32), p.n_workers)
+            b = _Batch(lo, order, starts, emit)
+            st.unsent += ~b.sent
+            st.pending.append(b)
+            st.next_lo = hi
+            st.k += 1
+
+    def _send_pending(self, s: int, st: _Source) -> None:
+        """Every queued sub-batch whose worker has a free in-flight slot, oldest
+        batch first (so each worker gets its sub-batches in routing order)."""
+        p = self.p
+        for b in st.pending:
+            self._ensure_rows(int(b.starts[-1]))
+            n_sent = kernels.dispatch_batch(
+                b.sent, b.starts, b.order, b.lo, self.now, b.emit,
                 self.inflight[s], p.max_inflight, self.free_at, self.service_s,
                 self.sched_t, self.sched_c, self.key_ids, self.latency_s, self.msg_worker,
                 self.seen, self.use_seen, p.slot_s, self.lat_hist, self.busy_area,
@@ -343,18 +372,13 @@ class Engine:
             for i in range(n_sent):
                 w = int(self.out_w[i])
                 fin = float(self.out_fin[i])
+                st.unsent[w] -= 1
                 self._push(fin + ack, s, w, int(self.out_m[i]), fin)
                 if self.signaling:
                     self.wsig[w].arrivals.append(self.now)
                     self.wsig[w].finishes.append(fin)
-            if pos < p.n_workers:
-                st.pos = pos
-                st.blocked = pos
-                return
-            st.pos = -1
-            st.blocked = -1
-            st.next_lo = st.lo + int(st.starts[-1])
-            st.k += 1
+        while st.pending and st.pending[0].sent.all():
+            st.pending.popleft()
 
     def _push(self, t: float, s: int, w: int, m: int, fin: float) -> None:
         self.seq += 1
@@ -391,7 +415,7 @@ class Engine:
             if pending_progress >= 200_000 and self.progress is not None:
                 self.progress(pending_progress)
                 pending_progress = 0
-            if self.sources[s].blocked == w:
+            if self.sources[s].unsent[w]:  # it was waiting for this worker's window
                 self._dispatch(s)
         if self.progress is not None and pending_progress:
             self.progress(pending_progress)

@@ -68,7 +68,7 @@ def _add_area(area: np.ndarray, w: int, t0: float, t1: float, value: float,
 
 @njit(cache=True)
 def dispatch_batch(
-    pos: int,
+    sent: np.ndarray,
     starts: np.ndarray,
     order: np.ndarray,
     lo: int,
@@ -94,37 +94,33 @@ def dispatch_batch(
     out_w: np.ndarray,
     out_fin: np.ndarray,
     out_m: np.ndarray,
-) -> tuple[int, int]:  # pragma: no cover - compiled
-    """Send a routed batch's sub-batches, worker by worker, from ``pos`` on.
+) -> int:  # pragma: no cover - compiled
+    """Send a routed batch's sub-batches that are not yet ``sent`` and whose
+    worker has a free in-flight slot (``inflight[w] < max_inflight``); mark
+    them sent.
 
     Each sub-batch joins worker ``w``'s FIFO queue at ``now_s``; its
     messages' latency counts from ``emit_s`` (when the batch was due at the
-    source, see ``engine``); its messages are served one after the other, ``finish_i =
-    max(arrival, finish_{i-1}) + service_s / capacity_w(start_i)`` (capacity
-    from the worker's schedule at the moment the message starts). Stops at the
-    first worker whose in-flight window is full (``inflight[w] >=
-    max_inflight``): the source blocks there.
+    source, see ``engine``). Its messages are served one after the other,
+    ``finish_i = max(arrival, finish_{i-1}) + service_s / capacity_w(start_i)``
+    (capacity from the worker's schedule at the moment the message starts).
 
     Per-slot integrals (``[worker, slot]``, slots of ``slot_s``): busy time,
     queue length in batches and in messages - a sub-batch counts in its
     worker's queue from arrival until its last message finishes, as the real
     worker counts it. ``lat_hist[slot, bin]`` counts completions.
 
-    Returns ``(pos, n_sent)``: the worker the source is blocked on
-    (``n_workers`` when all was sent) and how many sub-batches were sent
-    (their worker, last finish time and size are in ``out_*``).
+    Returns how many sub-batches were sent (their worker, last finish time
+    and size are in ``out_*``).
     """
     n_workers = starts.shape[0] - 1
     n_sent = 0
-    while pos < n_workers:
-        a = starts[pos]
-        b = starts[pos + 1]
-        if a == b:
-            pos += 1
+    for w in range(n_workers):
+        if sent[w] or inflight[w] >= max_inflight:
             continue
-        w = pos
-        if inflight[w] >= max_inflight:
-            break
+        sent[w] = True
+        a = starts[w]
+        b = starts[w + 1]
         t = free_at[w]
         if t < now_s:
             t = now_s
@@ -154,8 +150,7 @@ def dispatch_batch(
         out_fin[n_sent] = t
         out_m[n_sent] = m
         n_sent += 1
-        pos += 1
-    return pos, n_sent
+    return n_sent
 
 
 def hist_percentiles(hist: np.ndarray, qs: tuple[float, ...]) -> np.ndarray:
