@@ -37,6 +37,7 @@ import ray
 
 from actors import aggregator as aggregator_mod
 from actors import source as source_mod
+from actors import telemetry
 from actors import throttle as throttle_mod
 from actors import worker as worker_mod
 from actors.spark_input import SHARD_BLOCK_ROWS, build_dataframe, to_ray_shards
@@ -277,19 +278,24 @@ def run_pipeline(
                                      namespace)
 
         bar = _Progress(total, progress)
+        live = telemetry.RunTelemetry(namespace, name=topo.name, scheme=topo.grouping.scheme,
+                                      app=topo.app.kind, workers=n, sources=topo.sources,
+                                      messages=total)
         t0 = time.time()
-        ray.get([w.start_run.remote(t0) for w in workers])
+        ray.get([w.start_run.remote(t0, namespace) for w in workers])
         if throttling is not None:
             throttling.start(t0)
-        runs = [s.run.remote(t0) for s in sources]
-        pending_service_changes = sorted(changes) if wspec.throttle == "service" else []
+        runs = [s.run.remote(t0, namespace) for s in sources]
+        # every worker learns its capacity changes (its live metrics show them); in
+        # service mode that is also how the change is applied
+        pending_changes = sorted(changes)
         next_imb = 0.0
         imb: float | None = None
         while True:
             ready, _ = ray.wait(runs, num_returns=len(runs), timeout=POLL_S)
             now_s = time.time() - t0
-            while pending_service_changes and pending_service_changes[0][0] <= now_s:
-                _, w, c = pending_service_changes.pop(0)
+            while pending_changes and pending_changes[0][0] <= now_s:
+                _, w, c = pending_changes.pop(0)
                 workers[w].set_capacity.remote(c)
             if throttling is not None:
                 throttling.check()
@@ -300,12 +306,14 @@ def run_pipeline(
                                                             for w in workers])]
                 imb = float(max(utils) - np.mean(utils))
             bar.update(done, imb)
+            live.update(done, imb)
             if len(ready) == len(runs):
                 break
         source_stats = ray.get(runs)
         # the last ack, not when this loop noticed it (sources' clock: time.time)
         duration_s = max(max(s["end_ts"] for s in source_stats) - t0, 1e-9)
         bar.update(sum(s["acked"] for s in source_stats), imb)
+        live.update(sum(s["acked"] for s in source_stats), imb)
         bar.close()
         if throttling is not None:  # stopped workers cannot flush
             throttling.stop()

@@ -283,10 +283,12 @@ class SourceActor:
         for b in self.shard.iter_batches(batch_size=self.batch, batch_format="pyarrow"):
             yield b.select(cols) if isinstance(b, pa.Table) else pa.table(b).select(cols)
 
-    def run(self, t0: float) -> dict[str, Any]:
+    def run(self, t0: float, run_id: str | None = None) -> dict[str, Any]:
+        """``run_id``: the run's name in live metrics (the driver passes its namespace)."""
         with self._lock:
             self.core.t0 = t0
-            return self.core.run(self._batches())
+            with _LiveMetrics(self.core, run_id):
+                return self.core.run(self._batches())
 
     def progress(self) -> dict[str, Any]:
         return self.core.progress()
@@ -296,3 +298,20 @@ def actor_class() -> Any:
     import ray
 
     return ray.remote(SourceActor)
+
+
+class _LiveMetrics:
+    """Source metrics (``actors.telemetry``) updated by a thread while ``core`` runs."""
+
+    def __init__(self, core: SourceCore, run_id: str | None) -> None:
+        from actors import telemetry
+
+        run, name = telemetry.actor_identity()
+        self.telemetry = telemetry.SourceTelemetry(core, run_id or run,
+                                                   name or f"source-{core.index}")
+
+    def __enter__(self) -> None:
+        self.telemetry.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.telemetry.stop()  # one last update: the final counts

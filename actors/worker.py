@@ -294,6 +294,29 @@ class WorkerCore:
         return {"worker": self.worker_id, "processed": self.processed,
                 "utilization": self.utilization_now(), "queue_msgs": self._q_msgs}
 
+    def telemetry_snapshot(self) -> dict[str, Any]:
+        """Cumulative counters since ``start_run`` for live metrics (read ~1/s by
+        ``actors.telemetry``): differences of two snapshots give rates, mean
+        utilization and busy fraction, and the latency histogram of the interval."""
+        now = self.clock()
+        with self._lock:
+            self._account(max(self._rel(now), self._last_t))
+            s = self.slots
+            return {
+                "t": now,
+                "processed": self.processed,
+                "batches": self.batches,
+                "queue_msgs": self._q_msgs,
+                "queue_batches": self._q_batches,
+                "queue_capacity": self.queue_capacity,
+                "capacity": self.capacity,
+                "queue_batches_s": float(sum(s.queue_batches_area.values())),
+                "busy_s": float(sum(s.busy_s.values())),
+                "stopped_s": float(self.service.stopped_s),
+                "latency_counts": self.latency.counts.copy(),
+                "latency_max_s": self.latency.max_s,
+            }
+
     def finish(self) -> dict[str, Any]:
         """Final flush and the worker's statistics and per-slot time series."""
         self.maybe_flush(force=True)
@@ -352,6 +375,7 @@ class WorkerActor:
         self._pending: list[Any] = []
         app = make_app(app_kind, **app_params)
         self.core = WorkerCore(worker_id, app.new_worker_state(), sink=self._sink, **kwargs)
+        self._telemetry: Any = None  # live metrics (actors.telemetry), from start_run
         self._thread = threading.Thread(target=self._loop, name=f"worker-{worker_id}", daemon=True)
         self._thread.start()
 
@@ -378,13 +402,24 @@ class WorkerActor:
         crash = getattr(self, "_crash", None)
         if crash is not None:
             raise RuntimeError(f"worker-{self.core.worker_id} processing thread died: {crash!r}")
-        return self.core.submit(source, keys, labels, emit_ts)
+        ack = self.core.submit(source, keys, labels, emit_ts)
+        if self._telemetry is not None:
+            self._telemetry.batch_done(ack)
+        return ack
 
     def set_capacity(self, capacity: float) -> None:
         self.core.set_capacity(capacity)
 
-    def start_run(self, t0: float) -> None:
+    def start_run(self, t0: float, run_id: str | None = None) -> None:
+        """``run_id``: the run's name in live metrics (the driver passes its namespace)."""
         self.core.start_run(t0)
+        if self._telemetry is None:
+            from actors import telemetry
+
+            run, name = telemetry.actor_identity()
+            self._telemetry = telemetry.WorkerTelemetry(
+                self.core, run_id or run, name or f"worker-{self.core.worker_id}")
+            self._telemetry.start()
 
     def progress(self) -> dict[str, Any]:
         return self.core.progress()
@@ -392,6 +427,8 @@ class WorkerActor:
     def finish(self) -> dict[str, Any]:
         self.core.stop()
         self._thread.join(timeout=30)
+        if self._telemetry is not None:
+            self._telemetry.stop()  # one last update with everything processed
         crash = getattr(self, "_crash", None)
         if crash is not None:
             raise RuntimeError(f"worker-{self.core.worker_id} processing thread died: {crash!r}")

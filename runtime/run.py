@@ -61,14 +61,19 @@ def engine_session(app_name: str, address: str | None = None) -> Iterator[Any]:
     both are shut down on every exit path (SIGTERM included)."""
     import ray
 
-    from actors import spark_input
+    from actors import spark_input, telemetry
 
     signal.signal(signal.SIGTERM, _sigterm)
     pythonpath = os.pathsep.join(x for x in (str(ROOT), os.environ.get("PYTHONPATH")) if x)
     os.environ["PYTHONPATH"] = pythonpath  # workers started by this driver import our code
+    # a cluster we start pushes live metrics every second (runtime.top); an
+    # existing cluster keeps its own settings
+    starts = address is None and not os.environ.get("RAY_ADDRESS")
+    system_config = telemetry.ray_system_config() if starts else {}
     try:
         ray.init(address=address, runtime_env={"env_vars": {"PYTHONPATH": pythonpath}},
-                 logging_level=logging.WARNING, log_to_driver=False)
+                 logging_level=logging.WARNING, log_to_driver=False,
+                 _system_config=system_config or None)
         yield spark_input.start_spark(app_name=app_name)
     finally:
         try:

@@ -22,6 +22,7 @@ def ray_spark():
     import ray
 
     from actors.spark_input import start_spark, stop_spark
+    from actors.telemetry import ray_system_config
 
     if ray.is_initialized():  # a previous fixture/test left one: start clean
         ray.shutdown()
@@ -31,6 +32,7 @@ def ray_spark():
         logging_level="WARNING",
         log_to_driver=False,
         configure_logging=True,
+        _system_config=ray_system_config() or None,  # live metrics pushed every second
     )
     try:
         spark = start_spark()
