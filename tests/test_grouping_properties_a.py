@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from runtime.grouping import SCHEMES, make_grouping
 from runtime.grouping.dchoices import dchoices_d
-from runtime.grouping.fastmod import mod_magic, mod_n
+from runtime.grouping.fastmod import mod_magic, mod_n, mulhi64, mulhi64_portable
 from runtime.grouping.pkg import pkg_candidates
 from runtime.hashing import choice, hash_keys
 from runtime.sketches import LossyCounting, SpaceSaving, merge_space_saving
@@ -65,6 +65,25 @@ def test_fastmod_matches_hardware_modulo(xs: list[int], n: int) -> None:
 
     h = np.array(xs, dtype=np.uint64)
     np.testing.assert_array_equal(apply(h, np.uint64(n), mod_magic(n)), h % np.uint64(n))
+
+
+@HYP
+@given(st.lists(st.tuples(st.integers(0, 2**64 - 1), st.integers(0, 2**64 - 1)), min_size=1))
+def test_mulhi64_is_the_high_half_of_the_128_bit_product(pairs: list[tuple[int, int]]) -> None:
+    from numba import njit
+
+    @njit
+    def apply(a: np.ndarray, b: np.ndarray, out: np.ndarray, out2: np.ndarray) -> None:
+        for i in range(a.shape[0]):
+            out[i] = mulhi64(a[i], b[i])
+            out2[i] = mulhi64_portable(a[i], b[i])
+
+    a = np.array([p[0] for p in pairs], dtype=np.uint64)
+    b = np.array([p[1] for p in pairs], dtype=np.uint64)
+    out, out2 = np.empty_like(a), np.empty_like(a)
+    apply(a, b, out, out2)
+    want = [(x * y) >> 64 for x, y in pairs]
+    assert out.tolist() == want and out2.tolist() == want
 
 
 # ---------------------------------------------------------------- PKG
