@@ -342,20 +342,24 @@ class SourceTelemetry(_Ticker):
 
 
 class RunTelemetry:
-    """The driver's metrics for one run: info, progress, imbalance (no thread)."""
+    """The driver's metrics for one run: info, progress, imbalance (no thread).
+
+    Every gauge is set again on each ``update``: Ray's metrics agent drops a gauge
+    that was not refreshed within two report intervals."""
 
     def __init__(self, run: str, *, name: str, scheme: str, app: str, workers: int,
                  sources: int, messages: int, sink: Sink | None = None,
                  wall: Callable[[], float] = time.time) -> None:
         self.emit = _Emitter(sink, run, "driver")
         self.wall = wall
-        self.emit("hs_run_info", 1, name=name, scheme=scheme, app=app, workers=workers,
-                  sources=sources)
-        self.emit("hs_run_messages", messages)
-        self.emit("hs_run_acked", 0)
-        self.emit("hs_heartbeat_seconds", self.wall())
+        self.info = {"name": name, "scheme": scheme, "app": app, "workers": workers,
+                     "sources": sources}
+        self.messages = int(messages)
+        self.update(0, None)
 
     def update(self, acked: int, imbalance: float | None) -> None:
+        self.emit("hs_run_info", 1, **self.info)
+        self.emit("hs_run_messages", self.messages)
         self.emit("hs_run_acked", acked)
         if imbalance is not None:
             self.emit("hs_run_imbalance", imbalance)
