@@ -223,7 +223,7 @@ def run_pipeline(
                       if topo.app.kind == "heavy-hitters" else None)
     load_s = time.time() - t_load
     say(f"[{topo.name}] input ready: {total:,} messages in {topo.sources} shard(s), "
-        f"{load_s:.1f} s")
+        f"{load_s:.1f} s; actors in Ray namespace {namespace}")
 
     if topo.faults:
         say(f"[{topo.name}] warning: faults are not injected by the Ray engine yet "

@@ -55,6 +55,15 @@ def _sigterm(signum: int, frame: Any) -> None:
     raise KeyboardInterrupt
 
 
+def _announce(ctx: Any) -> None:
+    """Where to watch: the Ray dashboard, the cluster address, the live view."""
+    gcs = (getattr(ctx, "address_info", None) or {}).get("gcs_address", "?")
+    url = getattr(ctx, "dashboard_url", None)
+    dash = f"dashboard http://{url}, " if url else ""
+    print(f"ray: {dash}cluster {gcs} (ray list actors --address {gcs}); "
+          f"live view: python -m runtime.top", file=sys.stderr)
+
+
 @contextlib.contextmanager
 def engine_session(app_name: str, address: str | None = None) -> Iterator[Any]:
     """Ray (local, or the cluster at ``address``) and a RayDP Spark session;
@@ -71,9 +80,10 @@ def engine_session(app_name: str, address: str | None = None) -> Iterator[Any]:
     starts = address is None and not os.environ.get("RAY_ADDRESS")
     system_config = telemetry.ray_system_config() if starts else {}
     try:
-        ray.init(address=address, runtime_env={"env_vars": {"PYTHONPATH": pythonpath}},
-                 logging_level=logging.WARNING, log_to_driver=False,
-                 _system_config=system_config or None)
+        ctx = ray.init(address=address, runtime_env={"env_vars": {"PYTHONPATH": pythonpath}},
+                       logging_level=logging.WARNING, log_to_driver=False,
+                       _system_config=system_config or None)
+        _announce(ctx)
         yield spark_input.start_spark(app_name=app_name)
     finally:
         try:
