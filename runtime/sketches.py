@@ -19,14 +19,16 @@ key ``x`` with true weight ``f_x`` out of total weight ``W``:
 (River's SpaceSaving ignores the weight on eviction - new key gets
 ``c_min + 1`` - which under-counts with weights; we do not.)
 
-Layout: slot arrays ``keys/counts/errors``, a binary min-heap of slots by
-count (``heap``/``pos``, plus ``heap_counts[i] = counts[heap[i]]``: the sift
-loops compare counts read straight from heap positions instead of through
-``heap[i]``, which shortens the dependent-load chain per level - an eviction
-sifts ~5 levels on Zipf streams; 52 -> 41 ns per update measured) and an
-open-addressing index (linear probing, backward-shift deletion) from key to
-slot, so an update is O(1) expected plus O(log k) heap work - ~10 ns for a hot
-key, which sits at a heap leaf.
+Layout: slot arrays ``keys/counts/errors``, a winner (tournament) tree over
+the slots (``tree_slot``/``tree_count``, see ``tree_arrays``) whose root is
+the *lowest-slot* minimum counter - a function of the counters alone, not of
+the order of past updates - and an open-addressing index (linear probing,
+backward-shift deletion) from key to slot. An update is O(1) expected for the
+index plus a walk up the tree that stops at the first match the slot did not
+win: one step for a key far from the minimum, ``log2 k`` branch-light steps
+for an eviction (the root's slot). Ties: the eviction rule used to be "the
+binary heap's root", which depended on the heap's history; now it is always
+the lowest slot among the minima.
 
 Lossy counting (Manku and Motwani, VLDB 2002) with error ``eps``: buckets of
 ``w = ceil(1/eps)`` items; a new item enters with ``(f=1, delta=b-1)`` where
@@ -49,7 +51,7 @@ from runtime.jit import kernel
 EMPTY = -1
 
 _A = np.ndarray
-_SSArrays = tuple[_A, _A, _A, _A, _A, _A, _A, _A]
+_SSArrays = tuple[_A, _A, _A, _A, _A, _A, _A]
 _LCArrays = tuple[_A, _A, _A, _A, _A]
 
 # Compiled kernels here never allocate and run with ``_nrt=False``: with
@@ -117,73 +119,51 @@ def index_delete(keys: np.ndarray, table: np.ndarray, key: np.uint64) -> None:  
 
 
 # --------------------------------------------------------------------------
-# SpaceSaving core
+# SpaceSaving core: a winner (tournament) tree over the slots
 
 
 @kernel(inline=True)
-def _before(ca: float, a: int, cb: float, b: int, tie_slot: bool) -> bool:  # pragma: no cover
-    """Heap order of slots ``a``, ``b`` with counts ``ca``, ``cb``: by count; with
-    ``tie_slot`` equal counts by slot id (a total order: the root is then the
-    lowest-slot minimum, whatever the heap's history). Branch-free."""
-    return (ca < cb) | (tie_slot & (ca == cb) & (a < b))
+def _tree_raise(
+    tree_slot: np.ndarray, tree_count: np.ndarray, slot: int, c: float
+) -> None:  # pragma: no cover - compiled
+    """Slot ``slot``'s count went *up* to ``c``: replay its matches towards the root.
+
+    A node whose old winner was not ``slot`` keeps its winner (the winner beat
+    ``slot``'s old count, so it beats the higher one), and so do all nodes
+    above it: the walk stops there. A hot key (far from the minimum) stops at
+    its first match; an eviction (the root winner) replays ``log2 L`` matches.
+    Ties: the left child (lower slots) wins, so the root is the lowest-slot
+    minimum. The sibling's winner does not depend on the walk, so its loads
+    overlap; the only dependency per level is one compare-and-select.
+    """
+    node = tree_slot.shape[0] // 2 + slot
+    tree_count[node] = c
+    w = slot
+    while node > 1:
+        p = node >> 1
+        if tree_slot[p] != slot:
+            break
+        sib = node ^ 1
+        cs = tree_count[sib]
+        # the sibling wins if smaller, or equal and on the left (node is a right child)
+        take = (cs < c) | ((cs == c) & ((node & 1) == 1))
+        if take:
+            c = cs
+            w = tree_slot[sib]
+        tree_count[p] = c
+        tree_slot[p] = w
+        node = p
 
 
 @kernel(inline=True)
-def _sift_down(
-    heap: np.ndarray,
-    heap_counts: np.ndarray,
-    pos: np.ndarray,
-    i: int,
-    size: int,
-    tie_slot: bool,
-) -> None:  # pragma: no cover
-    """Move the slot at heap position ``i`` down (``heap_counts[i]`` already
-    holds its new count). Same moves as swapping with the smaller child while
-    it is before the slot; written as a hole moving down (one write per level)."""
-    s = heap[i]
-    cs = heap_counts[i]
-    while True:
-        left = 2 * i + 1
-        if left >= size:
-            break
-        c = left
-        right = left + 1
-        if right < size:
-            c = left + int(
-                _before(heap_counts[right], heap[right], heap_counts[left], heap[left], tie_slot)
-            )
-        hc = heap[c]
-        cc = heap_counts[c]
-        if not _before(cc, hc, cs, s, tie_slot):
-            break
-        heap[i] = hc
-        heap_counts[i] = cc
-        pos[hc] = i
-        i = c
-    heap[i] = s
-    heap_counts[i] = cs
-    pos[s] = i
-
-
-@kernel(inline=True)
-def _sift_up(
-    heap: np.ndarray, heap_counts: np.ndarray, pos: np.ndarray, i: int, tie_slot: bool
-) -> None:  # pragma: no cover
-    s = heap[i]
-    cs = heap_counts[i]
-    while i > 0:
-        p = (i - 1) >> 1
-        hp = heap[p]
-        cp = heap_counts[p]
-        if not _before(cs, s, cp, hp, tie_slot):
-            break
-        heap[i] = hp
-        heap_counts[i] = cp
-        pos[hp] = i
-        i = p
-    heap[i] = s
-    heap_counts[i] = cs
-    pos[s] = i
+def _tree_fix(tree_slot: np.ndarray, tree_count: np.ndarray, node: int) -> None:  # pragma: no cover
+    """Recompute the winners on the path from ``node``'s parent to the root."""
+    while node > 1:
+        node >>= 1
+        left = 2 * node
+        r = left + int(tree_count[left + 1] < tree_count[left])  # ties: left (lower slots)
+        tree_count[node] = tree_count[r]
+        tree_slot[node] = tree_slot[r]
 
 
 @kernel(inline=True)
@@ -191,54 +171,46 @@ def ss_update_slot(
     keys: np.ndarray,
     counts: np.ndarray,
     errors: np.ndarray,
-    heap: np.ndarray,
-    heap_counts: np.ndarray,
-    pos: np.ndarray,
+    tree_slot: np.ndarray,
+    tree_count: np.ndarray,
     table: np.ndarray,
     meta: np.ndarray,
     key: np.uint64,
     weight: int,
-    tie_slot: bool,
 ) -> tuple[int, bool]:  # pragma: no cover - compiled
     """``ss_update`` that also says whether the key is new in its slot.
 
-    ``tie_slot``: evict the lowest-slot minimum among equal counts (FISH's
-    ReplaceMin scans slots in order); otherwise whichever minimum the heap
-    holds at its root (the summary's historical behaviour).
+    A full summary evicts the lowest-slot minimum (the tree's root), which
+    depends only on the current counters, never on the order of past updates.
     """
     meta[1] += weight
     s = index_find(keys, table, key)
     if s != EMPTY:
         c = counts[s] + weight
         counts[s] = c
-        p = pos[s]
-        heap_counts[p] = c
-        _sift_down(heap, heap_counts, pos, p, meta[0], tie_slot)
+        _tree_raise(tree_slot, tree_count, s, c)
         return s, False
     size = meta[0]
-    cap = keys.shape[0]
-    if size < cap:
+    if size < keys.shape[0]:
         s = size
         keys[s] = key
         counts[s] = weight
         errors[s] = 0
-        heap[size] = s
-        heap_counts[size] = weight
-        pos[s] = size
         meta[0] = size + 1
         index_insert(keys, table, s)
-        _sift_up(heap, heap_counts, pos, size, tie_slot)
+        leaf = tree_slot.shape[0] // 2 + s
+        tree_count[leaf] = weight  # down from the empty-slot sentinel: a full replay
+        _tree_fix(tree_slot, tree_count, leaf)
         return s, True
     # evict the minimum: the new key inherits c_min as (over-)count and error
-    s = heap[0]
+    s = tree_slot[1]
     c_min = counts[s]
     index_delete(keys, table, keys[s])
     keys[s] = key
     errors[s] = c_min
     counts[s] = c_min + weight
-    heap_counts[0] = c_min + weight
     index_insert(keys, table, s)
-    _sift_down(heap, heap_counts, pos, 0, size, tie_slot)
+    _tree_raise(tree_slot, tree_count, s, c_min + weight)
     return s, True
 
 
@@ -247,18 +219,15 @@ def ss_update(
     keys: np.ndarray,
     counts: np.ndarray,
     errors: np.ndarray,
-    heap: np.ndarray,
-    heap_counts: np.ndarray,
-    pos: np.ndarray,
+    tree_slot: np.ndarray,
+    tree_count: np.ndarray,
     table: np.ndarray,
     meta: np.ndarray,
     key: np.uint64,
     weight: int,
 ) -> int:  # pragma: no cover - compiled
     """Add ``weight`` (>= 1) to ``key``; returns the key's slot. ``meta = [size, total]``."""
-    s, _ = ss_update_slot(
-        keys, counts, errors, heap, heap_counts, pos, table, meta, key, weight, False
-    )
+    s, _ = ss_update_slot(keys, counts, errors, tree_slot, tree_count, table, meta, key, weight)
     return s
 
 
@@ -266,24 +235,44 @@ def ss_update(
 def ss_reindex(
     keys: np.ndarray,
     counts: np.ndarray,
-    heap: np.ndarray,
-    heap_counts: np.ndarray,
-    pos: np.ndarray,
+    tree_slot: np.ndarray,
+    tree_count: np.ndarray,
     table: np.ndarray,
     size: int,
-    tie_slot: bool,
 ) -> None:  # pragma: no cover - compiled
-    """Rebuild index and heap over slots ``0 .. size-1`` (after the caller
-    rewrote or compacted them). With ``tie_slot`` the heap order is total, so
-    later evictions are the same as if the heap had been built incrementally."""
+    """Rebuild index and tree over slots ``0 .. size-1`` (after the caller
+    rewrote or compacted them); later slots are free. The tree is a function
+    of the counters, so later evictions are as if it had been built incrementally."""
     table[:] = EMPTY
+    half = tree_slot.shape[0] // 2
     for s in range(size):
         index_insert(keys, table, s)
-        heap[s] = s
-        heap_counts[s] = counts[s]
-        pos[s] = s
-    for i in range(size // 2 - 1, -1, -1):
-        _sift_down(heap, heap_counts, pos, i, size, tie_slot)
+        tree_count[half + s] = counts[s]
+    for s in range(size, half):
+        tree_count[half + s] = tree_count[0]  # the empty-slot sentinel
+    for node in range(half - 1, 0, -1):
+        left = 2 * node
+        r = left + int(tree_count[left + 1] < tree_count[left])
+        tree_count[node] = tree_count[r]
+        tree_slot[node] = tree_slot[r]
+
+
+def tree_arrays(capacity: int, dtype: type) -> tuple[np.ndarray, np.ndarray]:
+    """An empty winner tree over ``capacity`` slots: ``(tree_slot, tree_count)``.
+
+    ``2L`` nodes (``L`` = ``capacity`` rounded up to a power of two), node 1 the
+    root, node ``L + s`` slot ``s``'s leaf, node ``2i``/``2i+1`` the children
+    of ``i``; ``tree_slot[i]`` and ``tree_count[i]`` the slot winning at ``i``
+    (smallest count, ties to the lower slot) and its count. Free slots hold
+    the sentinel ``tree_count[0]`` (largest value of ``dtype``), so they never win.
+    """
+    half = 1 << max(0, int(capacity - 1).bit_length())
+    big = np.iinfo(np.int64).max if np.dtype(dtype).kind in "iu" else np.inf
+    tree_slot = np.zeros(2 * half, dtype=np.int64)
+    tree_slot[half:] = np.arange(half)
+    for node in range(half - 1, 0, -1):
+        tree_slot[node] = tree_slot[2 * node]
+    return tree_slot, np.full(2 * half, big, dtype=dtype)
 
 
 @kernel()
@@ -291,9 +280,8 @@ def ss_update_many(
     keys: np.ndarray,
     counts: np.ndarray,
     errors: np.ndarray,
-    heap: np.ndarray,
-    heap_counts: np.ndarray,
-    pos: np.ndarray,
+    tree_slot: np.ndarray,
+    tree_count: np.ndarray,
     table: np.ndarray,
     meta: np.ndarray,
     key_hashes: np.ndarray,
@@ -301,7 +289,7 @@ def ss_update_many(
 ) -> None:  # pragma: no cover - compiled
     for i in range(key_hashes.shape[0]):
         ss_update(
-            keys, counts, errors, heap, heap_counts, pos, table, meta, key_hashes[i], weights[i]
+            keys, counts, errors, tree_slot, tree_count, table, meta, key_hashes[i], weights[i]
         )
 
 
@@ -322,9 +310,7 @@ class SpaceSaving:
         self.keys = np.zeros(capacity, dtype=np.uint64)
         self.counts = np.zeros(capacity, dtype=np.int64)
         self.errors = np.zeros(capacity, dtype=np.int64)
-        self.heap = np.zeros(capacity, dtype=np.int64)
-        self.heap_counts = np.zeros(capacity, dtype=np.int64)  # counts[heap[i]]
-        self.pos = np.zeros(capacity, dtype=np.int64)
+        self.tree_slot, self.tree_count = tree_arrays(capacity, np.int64)
         self.table = np.full(index_table_size(capacity), EMPTY, dtype=np.int64)
         self.meta = np.zeros(2, dtype=np.int64)  # [size, total weight]
 
@@ -335,9 +321,8 @@ class SpaceSaving:
             self.keys,
             self.counts,
             self.errors,
-            self.heap,
-            self.heap_counts,
-            self.pos,
+            self.tree_slot,
+            self.tree_count,
             self.table,
             self.meta,
         )
@@ -355,7 +340,7 @@ class SpaceSaving:
         """``c_min``: the bound on any untracked key's weight (0 while not full)."""
         if self.size < self.capacity:
             return 0
-        return int(self.counts[self.heap[0]])
+        return int(self.tree_count[1])
 
     def update(self, key: int, weight: int = 1) -> None:
         if weight < 1:
@@ -395,13 +380,8 @@ class SpaceSaving:
         ss.keys[:n] = keys
         ss.counts[:n] = counts
         ss.errors[:n] = errors
-        order = np.argsort(ss.counts[:n], kind="stable")  # sorted array = valid min-heap
-        ss.heap[:n] = order
-        ss.heap_counts[:n] = ss.counts[order]
-        ss.pos[order] = np.arange(n)
         ss.meta[:] = (n, total)
-        for s in range(n):
-            index_insert(ss.keys, ss.table, s)
+        ss_reindex(ss.keys, ss.counts, ss.tree_slot, ss.tree_count, ss.table, n)
         return ss
 
 

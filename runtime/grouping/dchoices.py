@@ -3,7 +3,8 @@
 processing", ICDE 2016.
 
 Each source keeps a weighted SpaceSaving summary (capacity ``capacity``,
-default 100) of the keys it routed and its message count ``m``. A message's key
+default 100; a full summary evicts the lowest-slot minimum counter,
+``runtime.sketches``) of the keys it routed and its message count ``m``. A message's key
 is *head* if its *guaranteed* summary count ``g_k = c_k - e_k`` (counter minus
 the error it inherited on insertion) satisfies ``g_k / m > theta`` (default
 ``theta = 1/(5n)``), evaluated per message *after* counting that message;
@@ -108,9 +109,8 @@ def _choices_route(
     ss_keys: np.ndarray,
     ss_counts: np.ndarray,
     ss_errors: np.ndarray,
-    ss_heap: np.ndarray,
-    ss_heap_counts: np.ndarray,
-    ss_pos: np.ndarray,
+    ss_tree_slot: np.ndarray,
+    ss_tree_count: np.ndarray,
     ss_table: np.ndarray,
     ss_meta: np.ndarray,
     state: np.ndarray,
@@ -126,7 +126,7 @@ def _choices_route(
     for i in range(key_hashes.shape[0]):
         h = key_hashes[i]
         s = ss_update(
-            ss_keys, ss_counts, ss_errors, ss_heap, ss_heap_counts, ss_pos, ss_table, ss_meta, h, 1
+            ss_keys, ss_counts, ss_errors, ss_tree_slot, ss_tree_count, ss_table, ss_meta, h, 1
         )
         state[0] += 1
         m = state[0]

@@ -73,7 +73,7 @@ from numba import njit
 from runtime.grouping.base import Clock, Grouping, register
 from runtime.grouping.ch import MAX_VNODES, Ring, ring_distinct_successors
 from runtime.jit import kernel
-from runtime.sketches import EMPTY, index_table_size, ss_reindex, ss_update_slot
+from runtime.sketches import EMPTY, index_table_size, ss_reindex, ss_update_slot, tree_arrays
 
 PRIOR_T_S = 1e-3  # neutral per-message time before any ack (only ratios matter)
 MIN_T_S = 1e-9
@@ -104,9 +104,8 @@ def fish_route(
     ck: np.ndarray,
     cc: np.ndarray,
     c_err: np.ndarray,
-    c_heap: np.ndarray,
-    c_heap_counts: np.ndarray,
-    c_pos: np.ndarray,
+    c_tree_slot: np.ndarray,
+    c_tree_count: np.ndarray,
     c_index: np.ndarray,
     c_meta: np.ndarray,
     cd: np.ndarray,
@@ -130,8 +129,8 @@ def fish_route(
 ) -> None:  # pragma: no cover - compiled
     """The FISH loop over one micro-batch; all state is updated in place.
 
-    ``succ`` = ring successor index of each key; ``ck/cc/c_err/c_heap/
-    c_heap_counts/c_pos/c_index/c_meta`` = the SpaceSaving counter set (``runtime.sketches``
+    ``succ`` = ring successor index of each key; ``ck/cc/c_err/c_tree_slot/
+    c_tree_count/c_index/c_meta`` = the SpaceSaving counter set (``runtime.sketches``
     layout, ``c_meta = [size, total]``; ReplaceMin evicts the lowest-slot
     minimum, as a scan of the slots in order would; ``c_err`` = each
     counter's SpaceSaving error, decayed with it); ``cd/cstamp`` = each
@@ -148,9 +147,7 @@ def fish_route(
         h = key_hashes[j]
         epoch = st_i[_EPOCH]
         # 1. SpaceSaving update: +1 if present, insert if room, else ReplaceMin
-        slot, new = ss_update_slot(
-            ck, cc, c_err, c_heap, c_heap_counts, c_pos, c_index, c_meta, h, 1, True
-        )
+        slot, new = ss_update_slot(ck, cc, c_err, c_tree_slot, c_tree_count, c_index, c_meta, h, 1)
         if new:
             cd[slot] = 1
             cstamp[slot] = -1
@@ -220,7 +217,7 @@ def fish_route(
                         cstamp[k] = -1
                     k += 1
             c_meta[0] = k
-            ss_reindex(ck, cc, c_heap, c_heap_counts, c_pos, c_index, k, True)
+            ss_reindex(ck, cc, c_tree_slot, c_tree_count, c_index, k)
 
 
 @register
@@ -283,9 +280,7 @@ class FISH(Grouping):
         self._ck = np.zeros(k, dtype=np.uint64)
         self._cc = np.zeros(k, dtype=np.float64)
         self._c_err = np.zeros(k, dtype=np.float64)  # SpaceSaving errors (decayed)
-        self._c_heap = np.zeros(k, dtype=np.int64)
-        self._c_heap_counts = np.zeros(k, dtype=np.float64)  # cc in heap order
-        self._c_pos = np.zeros(k, dtype=np.int64)
+        self._c_tree_slot, self._c_tree_count = tree_arrays(k, np.float64)
         self._c_index = np.full(index_table_size(k), EMPTY, dtype=np.int64)
         self._c_meta = np.zeros(2, dtype=np.int64)  # [size, total]
         self._cd = np.ones(k, dtype=np.int64)
@@ -339,9 +334,8 @@ class FISH(Grouping):
             self._ck,
             self._cc,
             self._c_err,
-            self._c_heap,
-            self._c_heap_counts,
-            self._c_pos,
+            self._c_tree_slot,
+            self._c_tree_count,
             self._c_index,
             self._c_meta,
             self._cd,
