@@ -118,6 +118,14 @@ def index_delete(keys: np.ndarray, table: np.ndarray, key: np.uint64) -> None:  
     table[i] = EMPTY
 
 
+@kernel()
+def index_build(keys: np.ndarray, table: np.ndarray, size: int) -> None:  # pragma: no cover
+    """Index slots ``0 .. size-1`` into an empty ``table`` (one compiled call
+    instead of one dispatch per key from Python)."""
+    for s in range(size):
+        index_insert(keys, table, s)
+
+
 # --------------------------------------------------------------------------
 # SpaceSaving core: a winner (tournament) tree over the slots
 
@@ -440,15 +448,15 @@ def lc_update(
     meta: np.ndarray,
     key: np.uint64,
 ) -> bool:  # pragma: no cover - compiled
-    """Count one item. ``meta = [n_items, size, bucket width]``.
+    """Count one item. ``meta = [n_items, size, bucket width w, current bucket
+    b = (n_items - 1) // w + 1 for the next item, items left in it]`` (the
+    bucket kept as counters: no 64-bit division per item).
 
     Returns True when the caller must grow the arrays (size above half of
     the slot capacity) before the next update.
     """
     meta[0] += 1
-    n = meta[0]
-    w = meta[2]
-    bucket = (n - 1) // w + 1
+    bucket = meta[3]
     s = index_find(keys, table, key)
     if s != EMPTY:
         f[s] += 1
@@ -459,8 +467,12 @@ def lc_update(
         delta[s] = bucket - 1
         meta[1] = s + 1
         index_insert(keys, table, s)
-    if n % w == 0:
+    left = meta[4] - 1
+    if left == 0:  # the item closed its bucket
         _lc_prune(keys, f, delta, table, meta, bucket)
+        meta[3] = bucket + 1
+        left = meta[2]
+    meta[4] = left
     return 2 * meta[1] > keys.shape[0]
 
 
@@ -515,7 +527,8 @@ class LossyCounting:
             raise ValueError(f"eps must be in (0, 1) (got {eps})")
         self.eps = float(eps)
         self.width = int(np.ceil(1.0 / eps))
-        self.meta = np.array([0, 0, self.width], dtype=np.int64)
+        # [n_items, size, width, current bucket, items left in it]
+        self.meta = np.array([0, 0, self.width, 1, self.width], dtype=np.int64)
         self._alloc(max(16, 1 << int(initial_slots - 1).bit_length()))
 
     def _alloc(self, slots: int) -> None:
@@ -530,8 +543,7 @@ class LossyCounting:
         n = int(self.meta[1])
         self._alloc(2 * len(keys))
         self.keys[:n], self.f[:n], self.delta[:n] = keys[:n], f[:n], delta[:n]
-        for s in range(n):
-            index_insert(self.keys, self.table, s)
+        index_build(self.keys, self.table, n)
 
     @property
     def arrays(self) -> _LCArrays:

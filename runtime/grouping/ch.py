@@ -103,6 +103,16 @@ class Ring:
         starts = np.arange(1 << bits, dtype=np.uint64) << self._shift
         self._first = np.searchsorted(self.points, starts, side="left").astype(np.int64)
 
+    @property
+    def first(self) -> np.ndarray:
+        """Bucket index: ``first[b]`` = first point ``>= b << shift`` (``int64``)."""
+        return self._first
+
+    @property
+    def shift(self) -> np.uint64:
+        """The bucket of hash ``h`` is ``h >> shift``."""
+        return self._shift
+
     def add_worker(self, worker: int) -> None:
         """Add ``worker``'s virtual nodes; other points stay where they are."""
         self._insert([worker])

@@ -119,7 +119,7 @@ def _choices_route(
     refresh_every: int,
     mode: int,
 ) -> None:  # pragma: no cover - compiled
-    """The greedy loop of D-/W-Choices. ``state = [m, d]``; writes ``out``."""
+    """The greedy loop of D-/W-Choices. ``state = [m, d, left]``; writes ``out``."""
     n = loads.shape[0]
     nn = np.uint64(n)
     magic = magic_of(nn)
@@ -147,8 +147,11 @@ def _choices_route(
                         w = c
         loads[w] += 1
         out[i] = w
-        if m % refresh_every == 0:
+        left = state[2] - 1
+        if left == 0:  # m % refresh_every == 0, without a division per message
             state[1] = _refresh_d(ss_counts, ss_errors, ss_meta[0], m, theta, n, eps)
+            left = refresh_every
+        state[2] = left
 
 
 class _HeadTailChoices(Grouping):
@@ -183,7 +186,8 @@ class _HeadTailChoices(Grouping):
         self.eps = float(eps)
         self.summary = SpaceSaving(self.capacity)
         self.loads = np.zeros(self.n_workers, dtype=np.int64)
-        self._state = np.array([0, 2], dtype=np.int64)  # [messages m, d]
+        # [messages m, d, messages left until the next refresh of d]
+        self._state = np.array([0, 2, self.refresh_every], dtype=np.int64)
 
     @property
     def messages(self) -> int:
