@@ -147,10 +147,7 @@ class ConsistentGrouping(Grouping):
     def _route(self, key_hashes: np.ndarray, owner: np.ndarray) -> np.ndarray:
         h = np.ascontiguousarray(key_hashes, dtype=np.uint64)
         out = np.empty(len(h), dtype=owner.dtype)
-        mm = self._memo
-        self.m = porc_route(
-            h, self.vw_loads, self.m, self.eps, mm.keys, mm.cap, mm.probe, owner, out
-        )
+        self.m = porc_route(h, self.vw_loads, self.m, self.eps, self._memo.table, owner, out)
         return out
 
     def route_virtual(self, key_hashes: np.ndarray) -> np.ndarray:

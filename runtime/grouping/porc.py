@@ -50,9 +50,7 @@ def porc_core(
     loads: np.ndarray,
     m: int,
     eps: float,
-    memo_keys: np.ndarray,
-    memo_cap: np.ndarray,
-    memo_probe: np.ndarray,
+    memo: np.ndarray,
     owner: np.ndarray,
     out: np.ndarray,
 ) -> int:  # pragma: no cover - compiled
@@ -62,8 +60,9 @@ def porc_core(
     is the number of messages routed before this batch; returns the new
     ``m``. Same result for one batch or any split of it.
 
-    Probe memo (same decisions, fewer probes): ``memo_*`` is a direct-mapped
-    cache (size a power of two) of ``(key, cap, p)``: when the key last came
+    Probe memo (same decisions, fewer probes): ``memo`` is a direct-mapped
+    cache (``uint64[size, 3]``, size a power of two; one row = one cache
+    line's worth, not three arrays) of ``(key, cap, p)``: when the key last came
     with capacity ``cap``, its probes ``1 .. p-1`` all hit full bins (counting
     the bin it took if that one filled up). Loads
     never decrease and a bin stays full while ``cap`` is unchanged, so a
@@ -74,7 +73,7 @@ def porc_core(
     n_bins = loads.shape[0]
     nb = np.uint64(n_bins)
     magic = magic_of(nb)
-    mask = np.uint64(memo_keys.shape[0] - 1)
+    mask = np.uint64(memo.shape[0] - 1)
     limit = PROBES_PER_BIN * n_bins + 64
     for j in range(key_hashes.shape[0]):
         h = key_hashes[j]
@@ -82,8 +81,8 @@ def porc_core(
         cap = math.ceil((1.0 + eps) * m / n_bins)  # capacity_for(m, eps, n_bins)
         e = np.int64(h & mask)
         # selects, not branches: whether the memo hits is unpredictable
-        hit = (memo_keys[e] == h) & (memo_cap[e] == cap)
-        first = memo_probe[e] if hit else 1
+        hit = (memo[e, 0] == h) & (memo[e, 1] == np.uint64(cap))
+        first = int(np.int64(memo[e, 2])) if hit else 1  # int64, never uint64 (mixed compares)
         b = np.int64(-1)
         i = first
         while i <= limit:
@@ -100,9 +99,9 @@ def porc_core(
         load = loads[b] + 1
         loads[b] = load
         # remember where this key's free bins start (probe i's bin may be full now)
-        memo_keys[e] = h
-        memo_cap[e] = cap
-        memo_probe[e] = i + 1 if load >= cap else i
+        memo[e, 0] = h
+        memo[e, 1] = np.uint64(cap)
+        memo[e, 2] = np.uint64(i + 1 if load >= cap else i)
         out[j] = owner[b]
     return m
 
@@ -113,14 +112,12 @@ def porc_route(
     loads: np.ndarray,
     m: int,
     eps: float,
-    memo_keys: np.ndarray,
-    memo_cap: np.ndarray,
-    memo_probe: np.ndarray,
+    memo: np.ndarray,
     owner: np.ndarray,
     out: np.ndarray,
 ) -> int:  # pragma: no cover - compiled
     """``porc_core`` as a kernel (PoRC and CG route through it)."""
-    return porc_core(key_hashes, loads, m, eps, memo_keys, memo_cap, memo_probe, owner, out)
+    return porc_core(key_hashes, loads, m, eps, memo, owner, out)
 
 
 @njit(cache=True)
@@ -129,23 +126,25 @@ def porc_assign(
 ) -> int:  # pragma: no cover - compiled
     """PoRC over ``loads.shape[0]`` bins, bins written to ``out``, no memo kept
     between calls (``loads`` may be changed between calls). Returns the new ``m``."""
-    memo_keys = np.zeros(1, dtype=np.uint64)
-    memo_cap = np.full(1, -1, dtype=np.int64)
-    memo_probe = np.ones(1, dtype=np.int64)
+    memo = np.zeros((1, 3), dtype=np.uint64)
+    memo[0, 1] = MEMO_NO_CAP
+    memo[0, 2] = 1
     owner = np.arange(loads.shape[0])
-    return porc_core(key_hashes, loads, m, eps, memo_keys, memo_cap, memo_probe, owner, out)
+    return porc_core(key_hashes, loads, m, eps, memo, owner, out)
 
 
 MEMO_SIZE = 4096
+MEMO_NO_CAP = np.uint64(2**64 - 1)  # never equals a capacity
 
 
 class ProbeMemo:
-    """The probe memo of ``porc_core`` (direct-mapped, ``size`` a power of two)."""
+    """The probe memo of ``porc_core`` (direct-mapped, ``size`` a power of two):
+    ``table[e] = (key, cap, p)`` as ``uint64``."""
 
     def __init__(self, size: int = MEMO_SIZE) -> None:
-        self.keys = np.zeros(size, dtype=np.uint64)
-        self.cap = np.full(size, -1, dtype=np.int64)  # -1: never matches a capacity
-        self.probe = np.ones(size, dtype=np.int64)
+        self.table = np.zeros((size, 3), dtype=np.uint64)
+        self.table[:, 1] = MEMO_NO_CAP
+        self.table[:, 2] = 1
 
 
 def capacity_for(m: int, eps: float, n_bins: int) -> int:
@@ -198,10 +197,7 @@ class PowerOfRandomChoices(Grouping):
     def _route(self, key_hashes: np.ndarray, owner: np.ndarray) -> np.ndarray:
         h = np.ascontiguousarray(key_hashes, dtype=np.uint64)
         out = np.empty(len(h), dtype=owner.dtype)
-        mm = self._memo
-        self.m = porc_route(
-            h, self.loads, self.m, self.eps, mm.keys, mm.cap, mm.probe, owner, out
-        )
+        self.m = porc_route(h, self.loads, self.m, self.eps, self._memo.table, owner, out)
         return out
 
     def route_bins(self, key_hashes: np.ndarray) -> np.ndarray:
