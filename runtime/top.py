@@ -224,7 +224,10 @@ def render(r: RunView, now: float, *, width: int = 100, color: bool = False,
 
     rates = [w.get("rate", 0.0) for w in r.workers.values()]
     throughput = sum(rates)
-    imb = r.imbalance if r.imbalance is not None else r.utilization_imbalance()
+    # the report's I(t) on 1-s slots (the util column); else the driver's sample
+    imb = r.utilization_imbalance()
+    if imb is None:
+        imb = r.imbalance
     prog = ""
     if r.messages:
         done = r.acked or 0.0

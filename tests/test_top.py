@@ -85,7 +85,7 @@ def test_render_a_live_frame(text: str) -> None:
     lines = out.splitlines()
     assert lines[0].startswith(f"run {RUN}") and "scheme cg" in lines[0]
     assert "running" in lines[1]
-    assert "97,887 / 300,000 (33%)" in out and "imbalance I(t) 0.31" in out
+    assert "97,887 / 300,000 (33%)" in out and "imbalance I(t) 0.24" in out  # from util
     assert "throughput 13,494 msgs/s" in out
     first = next(i for i, ln in enumerate(lines) if ln.split()[:1] == ["worker"]) + 1
     rows = {int(ln.split()[0]): ln for ln in lines[first:first + 4]}
@@ -109,6 +109,9 @@ def test_render_stale_color_and_missing_parts(text: str) -> None:
     r2 = collect(only)[RUN]
     out = render(r2, r2.heartbeat)
     assert "VWs" not in out and "source" not in out and "imbalance I(t) 0.24" in out
+    # no utilization at all: the driver's sampled imbalance
+    drv = collect([s for s in parse_prometheus(text) if s.labels["actor"] == "driver"])[RUN]
+    assert "imbalance I(t) 0.31" in render(drv, drv.heartbeat)
 
 
 def test_pick_runs_newest_first_and_by_name(text: str) -> None:
