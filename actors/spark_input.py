@@ -23,6 +23,9 @@ Key conventions (same as ``runtime.apps`` and ``runtime.hashing``):
   inference, so a key is exactly its text (``"007"`` stays ``"007"``).
 - Null keys are kept as nulls: all of them form one group (one hash,
   ``NULL_HASH``; one result row with a null key), like Spark's ``groupBy``.
+- A JSON file with malformed lines is refused (exit 2), not read as rows of
+  nulls. The simulator follows the same conventions
+  (``runtime.input_check``).
 - naive-bayes labels from a file are cast to int64; rows whose label is null
   (or not an integer) are dropped - an example without a class teaches
   nothing.
@@ -230,22 +233,30 @@ def build_dataframe(spark: Any, topo: Topology) -> Any:
     if topo.input.format not in FILE_FORMATS:
         raise TopologyError(f"input.format: unknown format (got {topo.input.format!r})")
 
-    raw = _read_file(spark, topo)
-    columns = raw.columns
+    from runtime.input_check import no_column, no_rows, unreadable
+
+    try:
+        raw = _read_file(spark, topo)
+        columns = raw.columns
+    except TopologyError:
+        raise
+    except Exception as e:  # noqa: BLE001 - Spark's AnalysisException / Py4JJavaError
+        raise unreadable(topo.input.format, topo.input.path, e) from None
+    if "_corrupt_record" in columns and topo.input.key != "_corrupt_record":
+        # Spark's PERMISSIVE reader would turn every malformed line into a row
+        # with null fields: counted as null keys, silently; refuse instead
+        raise TopologyError(f"input.path: malformed {topo.input.format} records in "
+                            f"{topo.input.path!r} (lines that are not one JSON object each)")
+    if not columns and raw.isEmpty():
+        raise no_rows(topo.input.path)
     key_col = topo.input.key
     if key_col not in columns:
-        raise TopologyError(
-            f"input.key: no column {key_col!r} in {topo.input.path} "
-            f"(available: {', '.join(columns) or 'none'})"
-        )
+        raise no_column("input.key", key_col, topo.input.path, columns)
     cols = [F.col(f"`{key_col}`").cast("string").alias("key")]
     if with_labels:
         label_col = topo.input.label
         if label_col not in columns:
-            raise TopologyError(
-                f"input.label: no column {label_col!r} in {topo.input.path} "
-                f"(available: {', '.join(columns)})"
-            )
+            raise no_column("input.label", label_col, topo.input.path, columns)
         cols.append(F.col(f"`{label_col}`").cast("long").alias("label"))
     df = raw.select(*cols)
     if with_labels:
@@ -253,8 +264,7 @@ def build_dataframe(spark: Any, topo: Topology) -> Any:
     if topo.input.limit is not None:
         df = df.limit(topo.input.limit)
     if df.isEmpty():
-        what = "rows with a label" if with_labels else "rows"
-        raise TopologyError(f"input.path: no {what} in {topo.input.path!r}")
+        raise no_rows(topo.input.path, "rows with a label" if with_labels else "rows")
     return df
 
 

@@ -20,35 +20,21 @@ from typing import Any
 
 from runtime.cli import base_parser, fail, load_or_exit, run_main
 from runtime.report import default_out_dir, summary_table
-from runtime.topology import Topology
+from runtime.topology import Topology, TopologyError
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
 def check_input_columns(topo: Topology) -> None:
-    """Fail (exit 2) if a Parquet/CSV input lacks the key (or label) column."""
-    path = topo.input_path()
-    if path is None:
-        return
-    need = [topo.input.key] + ([topo.input.label] if topo.app.kind == "naive-bayes" else [])
-    names: list[str] | None = None
-    try:
-        if topo.input.format == "parquet":
-            import pyarrow.parquet as pq
+    """Fail (exit 2, one line) before Ray and Spark start if the input file is
+    missing, unreadable or empty, or lacks the key (or label) column
+    (``runtime.input_check.preflight``)."""
+    from runtime.input_check import preflight
 
-            names = pq.read_schema(path).names if path.is_file() else None
-        elif topo.input.format == "csv" and path.is_file():
-            with open(path, encoding="utf-8", errors="replace") as f:
-                names = [c.strip().strip('"') for c in f.readline().rstrip("\n").split(",")]
-    except Exception as e:  # noqa: BLE001 - any unreadable input is bad input
-        fail(f"input.path: cannot read {topo.input.format} file {topo.input.path!r} "
-             f"({e.__class__.__name__})")
-    if names is None:
-        return
-    for field, col in zip(("input.key", "input.label"), need, strict=False):
-        if col not in names:
-            fail(f"{field}: no column {col!r} in {topo.input.path} "
-                 f"(available: {', '.join(names)})")
+    try:
+        preflight(topo)
+    except TopologyError as e:
+        fail(str(e))
 
 
 def _sigterm(signum: int, frame: Any) -> None:

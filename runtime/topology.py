@@ -7,12 +7,14 @@ the command-line tools print it and exit 2.
 
 from __future__ import annotations
 
+import math
 import os
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import (
+    AfterValidator,
     BaseModel,
     ConfigDict,
     Field,
@@ -33,10 +35,12 @@ class TopologyError(ValueError):
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
 
 
 PosInt = Annotated[int, Field(strict=True, ge=1)]
+#: how many workers / sources: each is a process, so a typo of 10**6 is an error
+Count = Annotated[int, Field(strict=True, ge=1, le=10_000)]
 NonNegFloat = Annotated[float, Field(ge=0)]
 
 
@@ -78,7 +82,7 @@ class CapacityChange(_Strict):
 
 
 class WorkersSpec(_Strict):
-    count: PosInt = 4
+    count: Count = 4
     capacity: float | list[float] = 1.0
     service_us: NonNegFloat = 100.0
     throttle: Literal["duty-cycle", "cpulimit", "service"] = "duty-cycle"
@@ -86,15 +90,24 @@ class WorkersSpec(_Strict):
     #: bounded input queue per worker, in batches
     queue_batches: PosInt = 8
 
-    @field_validator("capacity")
+    @field_validator("capacity", mode="before")
     @classmethod
-    def _positive(cls, v: float | list[float]) -> float | list[float]:
+    def _positive(cls, v: Any) -> Any:
+        def number(c: Any) -> bool:
+            return isinstance(c, (int, float)) and not isinstance(c, bool)
+
+        if not (number(v) or isinstance(v, list)):
+            raise ValueError(f"workers.capacity: expected a number or a list of numbers "
+                             f"(got {_show(v)})")
         vals = v if isinstance(v, list) else [v]
         if not vals:
-            raise ValueError("must not be empty")
-        for c in vals:
-            if not c > 0:
-                raise ValueError(f"every capacity must be > 0 (got {c})")
+            raise ValueError("workers.capacity: must not be empty (got [])")
+        for i, c in enumerate(vals):
+            where = f"workers.capacity.{i}" if isinstance(v, list) else "workers.capacity"
+            if not number(c):
+                raise ValueError(f"{where}: expected a number (got {_show(c)})")
+            if not math.isfinite(c) or not c > 0:
+                raise ValueError(f"{where}: every capacity must be > 0 and finite (got {c})")
         return v
 
     @model_validator(mode="after")
@@ -142,19 +155,45 @@ class GroupingSpec(BaseModel):
         from runtime.grouping import SCHEMES, scheme_params
 
         if self.scheme not in SCHEMES:
+            hint = _did_you_mean(self.scheme, SCHEMES)
             raise ValueError(
-                f"grouping.scheme: unknown scheme {self.scheme!r} "
+                f"grouping.scheme: unknown scheme {self.scheme!r}{', ' + hint if hint else ''} "
                 f"(known: {', '.join(sorted(SCHEMES))})"
             )
         mine = scheme_params(self.scheme)
         anyone = {p for name in SCHEMES for p in scheme_params(name)}
         for k in self.model_extra or {}:
             if k not in anyone:
+                hint = _did_you_mean(k, sorted(mine) + sorted(anyone - set(mine)) + ["scheme"])
                 raise ValueError(
-                    f"grouping.{k}: unknown parameter for scheme {self.scheme!r} "
+                    f"grouping.{k}: unknown parameter for scheme {self.scheme!r}"
+                    f"{', ' + hint if hint else ''} "
                     f"(known: {', '.join(sorted(mine)) or 'none'})"
                 )
         return self
+
+    def check_values(self, n_workers: int, seed: int) -> None:
+        """Build the scheme once, so a bad parameter value is a load-time error
+        (``grouping.eps: must be in [0, 10.0] (got -1)``), not a crash in a
+        source actor."""
+        from runtime.grouping import make_grouping
+
+        params = self.params()
+        try:
+            make_grouping(self.scheme, n_workers, seed=seed, **params)
+            return
+        except (TypeError, ValueError, OverflowError) as e:
+            first = str(e).splitlines()[0] if str(e) else e.__class__.__name__
+        for k in params:  # the constructor's message names the parameter?
+            if first.startswith(f"{k} "):
+                raise ValueError(f"grouping.{k}: {first.removeprefix(k + ' ')}")
+        for k, v in params.items():  # else: which one alone fails?
+            try:
+                make_grouping(self.scheme, n_workers, seed=seed, **{k: v})
+            except (TypeError, ValueError, OverflowError):
+                raise ValueError(f"grouping.{k}: invalid value for scheme {self.scheme!r} "
+                                 f"(got {_show(v)})") from None
+        raise ValueError(f"grouping: invalid parameters for scheme {self.scheme!r} ({first})")
 
     def params(self) -> dict[str, Any]:
         """The parameters that apply to the chosen scheme."""
@@ -199,10 +238,18 @@ class RunSpec(_Strict):
     slot_s: Annotated[float, Field(gt=0)] = 0.5
 
 
+def _run_name(v: str) -> str:
+    """A run's name becomes a directory name and a Ray namespace."""
+    if not v.strip() or any(c in v for c in "/\\") or not v.isprintable():
+        raise ValueError(f"name: must be a non-empty name without '/' or control characters "
+                         f"(got {v!r})")
+    return v
+
+
 class Topology(_Strict):
-    name: str = "topology"
+    name: Annotated[str, AfterValidator(_run_name)] = "topology"
     input: InputSpec = Field(default_factory=InputSpec)
-    sources: PosInt = 1
+    sources: Count = 1
     workers: WorkersSpec = Field(default_factory=WorkersSpec)
     grouping: GroupingSpec = Field(default_factory=GroupingSpec)
     app: AppSpec = Field(default_factory=AppSpec)
@@ -241,24 +288,134 @@ class Topology(_Strict):
 
 
 def _format_error(err: ValidationError) -> str:
-    e = err.errors()[0]
-    loc = ".".join(str(x) for x in e["loc"] if not str(x).startswith("function-after"))
+    """The first validation error as one line: ``field: problem (got value)``.
+
+    An unknown field goes first: a misspelled name usually also explains a
+    "required field is missing" next to it."""
+    errors = err.errors()
+    e = next((x for x in errors if x["type"] == "extra_forbidden"), errors[0])
+    parts = [x for x in e["loc"] if not _is_validator_tag(x)]
+    loc = ".".join(str(x) for x in parts)
     msg = e["msg"].removeprefix("Value error, ")
     if _names_a_field(msg):
         return msg  # the validator already named the field
     got = e.get("input")
-    if e["type"] == "extra_forbidden":
-        return f"{loc}: unknown field (got {got!r})"
-    if e["type"] == "missing":
+    kind = e["type"]
+    ctx = e.get("ctx") or {}
+    if kind == "extra_forbidden":
+        name = str(parts[-1]) if parts else loc
+        hint = _did_you_mean(name, _fields_at(parts[:-1]))
+        return f"{loc}: unknown field" + (f", {hint}" if hint else "")
+    if kind == "missing":
         return f"{loc}: required field is missing"
-    if isinstance(got, dict):
+    if kind == "literal_error":
+        import re
+
+        allowed = re.findall(r"'([^']*)'", str(ctx.get("expected", "")))
+        hint = _did_you_mean(str(got), allowed)
+        return (f"{loc}: must be one of {', '.join(allowed)} (got {_show(got)})"
+                + (f", {hint}" if hint else ""))
+    if kind in ("model_type", "model_attributes_type", "dict_type", "mapping_type"):
+        return f"{loc or 'topology'}: expected a mapping of fields (got {_show(got)})"
+    if kind == "invalid_key":
+        return f"{loc or 'topology'}: field names must be text (got {_show(got)})"
+    msg = _PLAIN.get(kind, msg).format(**ctx)
+    if "(got " in msg:  # the validator showed the value itself
         return f"{loc}: {msg}" if loc else msg
-    return f"{loc}: {msg} (got {got!r})" if loc else msg
+    return f"{loc}: {msg} (got {_show(got)})" if loc else f"{msg} (got {_show(got)})"
+
+
+#: pydantic's messages for the common problems, in our words
+_PLAIN = {
+    "int_type": "expected a whole number",
+    "int_parsing": "expected a whole number",
+    "int_from_float": "expected a whole number",
+    "float_type": "expected a number",
+    "float_parsing": "expected a number",
+    "finite_number": "must be a finite number",
+    "string_type": "expected text",
+    "bool_type": "expected true or false",
+    "bool_parsing": "expected true or false",
+    "list_type": "expected a list",
+    "greater_than": "must be > {gt}",
+    "greater_than_equal": "must be >= {ge}",
+    "less_than": "must be < {lt}",
+    "less_than_equal": "must be <= {le}",
+    "recursion_loop": "refers to itself (a YAML alias cycle)",
+}
+
+
+def _is_validator_tag(x: object) -> bool:
+    """pydantic's loc entries that name a validator or a union member, not a field."""
+    s = str(x)
+    return s.startswith(("function-", "list[", "dict[")) or s in ("float", "int", "str")
+
+
+def _show(value: object, limit: int = 60) -> str:
+    """A value for a one-line message: its repr, shortened."""
+    if isinstance(value, dict) and len(repr(value)) > limit:
+        return f"a mapping with fields {', '.join(map(str, list(value)[:5]))}"
+    text = repr(value).replace("\n", " ")
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _did_you_mean(name: str, candidates: Any) -> str:
+    """``did you mean 'count'?`` for the closest candidate, or ``""``."""
+    import difflib
+
+    names = [str(c) for c in candidates]
+    close = difflib.get_close_matches(str(name), names, n=1, cutoff=0.6)
+    if not close:  # a prefix or a different case: "work" -> "workers", "KG" -> "kg"
+        low = str(name).lower()
+        close = [c for c in names if c.lower() == low
+                 or (len(low) >= 3 and c.lower().startswith(low))][:1]
+    return f"did you mean {close[0]!r}?" if close else ""
+
+
+def _fields_at(loc: list[Any]) -> list[str]:
+    """The valid field names of the section at ``loc`` (list indexes skipped)."""
+    import typing
+
+    model: Any = Topology
+    for part in loc:
+        if isinstance(part, int):
+            continue
+        field = getattr(model, "model_fields", {}).get(str(part))
+        if field is None:
+            return []
+        model = field.annotation
+        for _ in range(3):  # unwrap list[X], X | None
+            args = [a for a in typing.get_args(model) if a is not type(None)]
+            if hasattr(model, "model_fields") or not args:
+                break
+            model = args[0]
+    return list(getattr(model, "model_fields", {}))
 
 
 def _names_a_field(msg: str) -> bool:
     head = msg.split(" ", 1)[0]
     return head.endswith(":") and head[:-1].split(".")[0] in Topology.model_fields
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """``yaml.safe_load`` that refuses a field given twice in one mapping
+    (plain YAML keeps the last one silently: a pasted duplicate would win)."""
+
+    def construct_mapping(self, node: Any, deep: bool = False) -> dict[Any, Any]:
+        seen: set[Any] = set()
+        for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":  # "<<: *defaults" may be overridden
+                continue
+            key = self.construct_object(key_node, deep=deep)
+            try:
+                dup = key in seen
+                seen.add(key)
+            except TypeError:  # an unhashable key: the base class reports it
+                continue
+            if dup:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"field {key!r} given twice", key_node.start_mark)
+        return super().construct_mapping(node, deep=deep)
 
 
 def parse_override(item: str) -> tuple[list[str], Any]:
@@ -313,7 +470,7 @@ def load_topology(
         except (OSError, UnicodeDecodeError) as e:
             raise TopologyError(f"{path}: cannot read topology file ({e.__class__.__name__})") from None
         try:
-            data = yaml.safe_load(text)
+            data = yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 - a SafeLoader
         except yaml.YAMLError as e:
             mark = getattr(e, "problem_mark", None)
             where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
@@ -330,6 +487,10 @@ def load_topology(
     except ValidationError as e:
         raise TopologyError(_format_error(e)) from None
     except (TypeError, ValueError) as e:  # validators that raise outside pydantic
+        raise TopologyError(str(e)) from None
+    try:
+        topo.grouping.check_values(topo.workers.count, topo.run.seed)
+    except ValueError as e:
         raise TopologyError(str(e)) from None
     topo._base_dir = base_dir
     if check_input:

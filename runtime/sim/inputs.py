@@ -9,10 +9,12 @@
   reads the same files through Spark (RayDP); row order is the file's order.
   ``input.limit`` keeps the first rows; ``input.key`` names the routing key.
 
-Keys keep their original value for results (as strings: the result table's
-``key`` column is a string, DESIGN.md); hashing follows ``runtime.hashing``
-(strings with Murmur3, integers with ``fmix64``, null = ``NULL_HASH``), so a
-key routes exactly as in the real runtime.
+Keys are strings, as in the real runtime (``runtime.input_check``): a
+non-string key column is converted the way Spark's ``CAST(key AS STRING)``
+prints it, CSV is read as text (``"007"`` stays ``"007"``, an empty field is
+null), and the string is hashed with Murmur3 (null = ``NULL_HASH``, one key),
+so a key routes exactly as in the real runtime and the result table's ``key``
+column is a string (DESIGN.md).
 """
 
 from __future__ import annotations
@@ -22,11 +24,18 @@ from dataclasses import dataclass
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.dataset as ds
 
 from runtime import generators
 from runtime.hashing import hash_keys
-from runtime.topology import Topology, TopologyError
+from runtime.input_check import (
+    no_column,
+    no_rows,
+    open_dataset,
+    spark_longs,
+    spark_strings,
+    unreadable,
+)
+from runtime.topology import Topology
 
 #: generated streams are produced in chunks of this many messages
 GEN_CHUNK = 1 << 21
@@ -96,51 +105,62 @@ def generated_input(topo: Topology, *, with_labels: bool) -> SimInput:
     return SimInput(dense, keys, hash_keys(strings), label_ids, labels, desc)
 
 
-def _encode(col: pa.ChunkedArray) -> tuple[np.ndarray, pa.Array]:
+def _encode(col: pa.ChunkedArray | pa.Array) -> tuple[np.ndarray, pa.Array]:
     """Dictionary-encode a column: (int ids, distinct values), nulls as one value."""
-    enc = pc.dictionary_encode(col, null_encoding="encode").combine_chunks()
+    enc = pc.dictionary_encode(col, null_encoding="encode")
+    if isinstance(enc, pa.ChunkedArray):
+        enc = enc.combine_chunks()
+    if pa.types.is_null(enc.type):  # an all-null column: one (null) value
+        return np.zeros(len(col), dtype=np.int32), pa.array([None], type=pa.string())
     return enc.indices.to_numpy(zero_copy_only=False).astype(np.int32), enc.dictionary
 
 
-def _hash_values(values: pa.Array) -> np.ndarray:
-    t = values.type
-    if pa.types.is_integer(t) and values.null_count == 0:
-        return hash_keys(values.to_numpy(zero_copy_only=False).astype(np.int64))
-    if pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_binary(t) \
-            or pa.types.is_integer(t):
-        return hash_keys(values.to_pylist())
-    # other types (float, date, ...) route by their string form, as in Spark's cast
-    return hash_keys(pc.cast(values, pa.string()).to_pylist())
+def _string_keys(col: pa.ChunkedArray) -> tuple[np.ndarray, pa.Array, np.ndarray]:
+    """Key column -> (ids, distinct keys as Spark prints them, their hashes).
+
+    A non-string column is converted like Spark's ``CAST(key AS STRING)``
+    (``runtime.input_check.spark_strings``), then hashed as that string, so a
+    key routes exactly as in the real runtime; nulls are one key (NULL_HASH).
+    """
+    ids, values = _encode(col)
+    if not pa.types.is_string(values.type):
+        strings = spark_strings(values)
+        remap, keys = _encode(strings)  # distinct values may print alike
+        ids = remap[ids]
+        values = keys
+    return ids, values, hash_keys(values.to_pylist())
 
 
 def file_input(topo: Topology, *, with_labels: bool) -> SimInput:
+    """An input file read with pyarrow, with the real runtime's conventions
+    (``runtime.input_check``): CSV as text, keys as Spark prints them, null
+    keys one key, naive-bayes rows without an integer label dropped."""
     spec = topo.input
-    path = topo.input_path()
-    assert path is not None
-    if not path.exists():
-        raise TopologyError(f"input.path: file not found (got {spec.path!r})")
     fmt = spec.format
-    try:
-        dataset = ds.dataset(str(path), format=fmt)
-    except (pa.ArrowInvalid, OSError) as e:
-        raise TopologyError(f"input.path: cannot read as {fmt} ({str(e).splitlines()[0]})") from None
+    dataset = open_dataset(topo)  # a remote URI (s3://...) goes to pyarrow's file systems
     names = dataset.schema.names
     cols = [spec.key] + ([spec.label] if with_labels else [])
     for field, col in zip(("input.key", "input.label"), cols, strict=False):
         if col not in names:
-            raise TopologyError(
-                f"{field}: column {col!r} not in {spec.path} (columns: {', '.join(names)})")
+            raise no_column(field, col, spec.path, names)
     try:
-        table = (dataset.head(spec.limit, columns=cols) if spec.limit
+        table = (dataset.head(spec.limit, columns=cols) if spec.limit and not with_labels
                  else dataset.to_table(columns=cols))
-    except (pa.ArrowInvalid, OSError) as e:
-        raise TopologyError(f"input.path: cannot read as {fmt} ({str(e).splitlines()[0]})") from None
-    ids, values = _encode(table.column(spec.key))
-    hashes = _hash_values(values)
-    keys = values if pa.types.is_string(values.type) else pc.cast(values, pa.string())
+    except (pa.ArrowException, OSError, ValueError) as e:
+        raise unreadable(fmt, spec.path, e) from None
     label_ids = labels = None
-    if with_labels:
-        label_ids, labels = _encode(table.column(spec.label))
+    if with_labels:  # as Spark: CAST(label AS BIGINT), rows without one dropped, then limit
+        lab = spark_longs(table.column(spec.label).combine_chunks())
+        keep = pc.is_valid(lab)
+        table = table.filter(keep)
+        lab = lab.filter(keep)
+        if spec.limit:
+            table, lab = table.slice(0, spec.limit), lab.slice(0, spec.limit)
+        if table.num_rows:
+            label_ids, labels = _encode(lab)
+    if table.num_rows == 0:
+        raise no_rows(spec.path, "rows with a label" if with_labels else "rows")
+    ids, keys, hashes = _string_keys(table.column(spec.key))
     return SimInput(ids, keys, hashes, label_ids, labels,
                     f"{fmt}:{spec.path} (key={spec.key!r}, rows={table.num_rows})")
 

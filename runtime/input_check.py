@@ -1,0 +1,225 @@
+"""Input files: checks before anything starts, and the one key convention.
+
+``preflight(topo)`` looks at an input file with pyarrow (schema, first rows;
+never the whole file) so that the common data problems - an unreadable or
+corrupt file, an empty dataset, a key (or label) column that does not exist -
+end with exit 2 and one line *before* Ray and Spark start (~10 s). The real
+runtime still reads the data with Spark and re-checks there (JSON schemas are
+only known once Spark has read the whole file).
+
+Odd data that is legitimate is not an error; both engines treat it the same:
+
+- Keys are strings: a non-string key column is converted like Spark's
+  ``CAST(key AS STRING)`` (``spark_strings``): integers ``5`` -> ``"5"``,
+  booleans ``"true"``, floating point as Java prints it (``5.0``, ``1.0E7``),
+  dates ``2024-01-31``. Routing hashes that string, so a key routes to the
+  same worker in ``runtime.run`` and ``runtime.simulate``, and the result's
+  ``key`` column is a string (DESIGN.md).
+- CSV is read without type inference: a key is its text (``"007"`` stays
+  ``"007"``); an empty field is a null key, a quoted empty field ``""`` the
+  empty string (Spark's CSV defaults).
+- Null keys are one key: routed with ``runtime.hashing.NULL_HASH`` and counted
+  in one result row whose key is null (as Spark's ``groupBy``). Nothing is
+  dropped.
+- naive-bayes labels are cast to int64 like Spark's ``CAST(label AS BIGINT)``;
+  a row whose label is null or not a number is dropped (an example without a
+  class teaches nothing). No row left is an error.
+"""
+
+from __future__ import annotations
+
+import math
+from decimal import Decimal
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from runtime.topology import Topology, TopologyError
+
+# --------------------------------------------------------------------------- messages
+
+
+def no_column(field: str, column: str, path: str | None, names: list[str]) -> TopologyError:
+    return TopologyError(f"{field}: no column {column!r} in {path} "
+                         f"(available: {', '.join(names) or 'none'})")
+
+
+def no_rows(path: str | None, what: str = "rows", why: str = "empty dataset") -> TopologyError:
+    return TopologyError(f"input.path: no {what} in {path!r} ({why})")
+
+
+def unreadable(fmt: str, path: str | None, err: BaseException) -> TopologyError:
+    """``input.path: cannot read 'x' as csv (<the reader's own words>)``."""
+    lines = [ln.strip() for ln in str(err).splitlines() if ln.strip()]
+    text = lines[0] if lines else err.__class__.__name__
+    for marker in ("Invalid: ", "IOError: ", "NotImplemented: "):
+        if marker in text:  # pyarrow wraps the real problem in context
+            text = text.rsplit(marker, 1)[1]
+    if len(text) > 160:
+        text = text[:157] + "..."
+    return TopologyError(f"input.path: cannot read {path!r} as {fmt} ({text})")
+
+
+# --------------------------------------------------------------------------- reading
+
+
+def csv_format(key: str, label: str | None = None) -> Any:
+    """pyarrow's CSV format with Spark's defaults (header, no type inference
+    for the key and label, unquoted empty field = null, ``""`` = empty string)."""
+    import pyarrow.csv as pacsv
+    import pyarrow.dataset as ds
+
+    types = {c: pa.string() for c in (key, label) if c}
+    convert = pacsv.ConvertOptions(column_types=types, null_values=[""],
+                                   strings_can_be_null=True, quoted_strings_can_be_null=False)
+    return ds.CsvFileFormat(convert_options=convert)
+
+
+def open_dataset(topo: Topology) -> Any:
+    """The input file (or directory) as a ``pyarrow.dataset``; one-line errors."""
+    import pyarrow.dataset as ds
+
+    spec = topo.input
+    path = topo.input_path()
+    where = str(path) if path is not None else spec.path
+    if path is not None and not path.exists():
+        raise TopologyError(f"input.path: file not found (got {spec.path!r})")
+    if path is not None and path.is_file() and path.stat().st_size == 0:
+        raise no_rows(spec.path, why="empty file")
+    fmt: Any = spec.format
+    if fmt == "csv":
+        fmt = csv_format(spec.key, spec.label if topo.app.kind == "naive-bayes" else None)
+    try:
+        return ds.dataset(where, format=fmt)
+    except (pa.ArrowException, OSError, ValueError) as e:
+        raise unreadable(spec.format, spec.path, e) from None
+
+
+def preflight(topo: Topology) -> None:
+    """Fail with one line (``TopologyError``) if the input file cannot feed a run.
+
+    Checks the file exists and is readable, the key (and, for naive-bayes,
+    the label) column exists, and there is at least one row. Reads the schema
+    and the first rows only. JSON's schema is checked by Spark (it reads the
+    whole file to infer it); here only that the file is not empty.
+    """
+    if topo.input.generated:
+        return
+    path = topo.input_path()
+    if path is None:  # a remote URI: Spark will tell
+        return
+    if path.is_file():
+        try:
+            with open(path, "rb") as f:
+                f.read(1)
+        except OSError as e:
+            raise TopologyError(f"input.path: cannot read {topo.input.path!r} "
+                                f"({e.strerror or e.__class__.__name__})") from None
+    need = [("input.key", topo.input.key)]
+    if topo.app.kind == "naive-bayes":
+        need.append(("input.label", topo.input.label))
+    if topo.input.format == "json":
+        # Spark infers a JSON schema from the whole file and accepts what pyarrow
+        # refuses (a field that is a number here and a string there): when
+        # pyarrow cannot read the first block, Spark decides (actors.spark_input)
+        if path.is_file() and path.stat().st_size == 0:
+            raise no_rows(topo.input.path, why="empty file")
+        try:
+            names = list(open_dataset(topo).schema.names)
+        except TopologyError:
+            return
+        for field, col in need:
+            if col not in names:
+                raise no_column(field, col, topo.input.path, names)
+        return
+    dataset = open_dataset(topo)
+    names = list(dataset.schema.names)
+    for field, col in need:
+        if col not in names:
+            raise no_column(field, col, topo.input.path, names)
+    try:
+        first = dataset.head(1, columns=[c for _, c in need if c in names] or None)
+    except (pa.ArrowException, OSError, ValueError) as e:
+        raise unreadable(topo.input.format, topo.input.path, e) from None
+    if first.num_rows == 0:
+        raise no_rows(topo.input.path)
+
+
+# --------------------------------------------------------------------------- Spark's casts
+
+
+def _java_float(x: float, shortest: str) -> str:
+    """Java's ``Double.toString`` / ``Float.toString`` (what Spark's ``CAST(x AS
+    STRING)`` prints) of ``x``, given the shortest round-trip text of ``x``."""
+    if math.isnan(x):
+        return "NaN"
+    if math.isinf(x):
+        return "Infinity" if x > 0 else "-Infinity"
+    if x == 0:
+        return "-0.0" if math.copysign(1.0, x) < 0 else "0.0"
+    _, digits, exponent = Decimal(shortest.lstrip("-")).as_tuple()
+    assert isinstance(exponent, int)
+    exp10 = len(digits) + exponent - 1
+    text = "".join(map(str, digits)).rstrip("0") or "0"
+    sign = "-" if x < 0 else ""
+    if -3 <= exp10 < 7:  # positional, at least one digit after the point
+        if exp10 >= 0:
+            whole, frac = text[: exp10 + 1].ljust(exp10 + 1, "0"), text[exp10 + 1:]
+        else:
+            whole, frac = "0", "0" * (-exp10 - 1) + text
+        return f"{sign}{whole}.{frac or '0'}"
+    return f"{sign}{text[0]}.{text[1:] or '0'}E{exp10}"
+
+
+def spark_strings(values: pa.Array) -> pa.Array:
+    """``values`` as Arrow strings, the way Spark's ``CAST(x AS STRING)`` prints them."""
+    t = values.type
+    if pa.types.is_string(t):
+        return values
+    if pa.types.is_large_string(t) or pa.types.is_string_view(t) or pa.types.is_null(t):
+        return values.cast(pa.string())
+    if pa.types.is_integer(t) or pa.types.is_boolean(t) or pa.types.is_date(t):
+        return pc.cast(values, pa.string())
+    if pa.types.is_floating(t):
+        import numpy as np
+
+        single = t == pa.float32()
+        return pa.array([None if v is None else
+                         _java_float(v, str(np.float32(v)) if single else repr(v))
+                         for v in values.to_pylist()], type=pa.string())
+    if pa.types.is_binary(t) or pa.types.is_large_binary(t):
+        return pa.array([None if v is None else v.decode("utf-8", "replace")
+                         for v in values.to_pylist()], type=pa.string())
+    try:
+        return pc.cast(values, pa.string())
+    except (pa.ArrowException, ValueError):
+        return pa.array([None if v is None else str(v) for v in values.to_pylist()],
+                        type=pa.string())
+
+
+def _to_long(v: Any) -> int | None:
+    """Spark's (non-ANSI) ``CAST(v AS BIGINT)`` of one value; None when it is null."""
+    if v is None or isinstance(v, bool):
+        return None if v is None else int(v)
+    if isinstance(v, int):
+        return v if -(2**63) <= v < 2**63 else None
+    if isinstance(v, float):
+        return int(v) if math.isfinite(v) and abs(v) < 2**63 else None
+    if isinstance(v, bytes):
+        v = v.decode("utf-8", "replace")
+    s = str(v).strip()
+    sign, body = (s[0], s[1:]) if s[:1] in ("+", "-") else ("", s)
+    whole, _, frac = body.partition(".")
+    if not whole.isdigit() or (frac and not frac.isdigit()):
+        return None  # "x", "", "1e3": null
+    n = int(sign + whole)
+    return n if -(2**63) <= n < 2**63 else None
+
+
+def spark_longs(values: pa.Array) -> pa.Array:
+    """``values`` as int64 the way Spark's ``CAST(x AS BIGINT)`` does (null when not
+    a number; decimals truncated)."""
+    if pa.types.is_integer(values.type):
+        return values.cast(pa.int64())
+    return pa.array([_to_long(v) for v in values.to_pylist()], type=pa.int64())

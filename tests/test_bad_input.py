@@ -1,0 +1,442 @@
+"""Bad input, table-driven, through every entry point (issue 5, "Bad input").
+
+Every case runs through ``runtime.run --check``, ``runtime.run``,
+``runtime.simulate``, ``runtime.compare --engine sim`` and ``runtime.compare
+--engine ray``: exit code 2, exactly one line on stderr (``error: <field>:
+<problem> (got <value>)``), the same line from every tool, and no output
+directory left behind. These run in-process (``main(argv)`` under
+``run_main``) with the engine start replaced by a failure, so a case that
+slipped past validation cannot start Ray; a few real subprocesses check the
+process-level contract (exit status, stderr, no traceback).
+
+Data that is odd but legitimate (null keys, integer or float keys, CSV text
+such as ``007``) is not an error: see ``test_odd_keys_*`` here and the e2e
+tests at the end, which check that the real engine (Spark + Ray) gives the
+same result and the same routing as the simulator.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from runtime import compare as compare_mod
+from runtime import run as run_mod
+from runtime import simulate as simulate_mod
+from runtime.cli import run_main
+
+ROOT = Path(__file__).resolve().parent.parent
+
+# --------------------------------------------------------------------------- harness
+
+
+def _no_engine(*args: Any, **kwargs: Any) -> Any:
+    raise AssertionError("bad input reached the engine (Ray/Spark would start)")
+
+
+@pytest.fixture(autouse=True)
+def no_engine(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Bad input must fail before Ray/Spark start: starting them is a test failure."""
+    monkeypatch.setattr(run_mod, "engine_session", _no_engine)
+
+
+TOOLS: dict[str, Callable[[str, Path], list[str]]] = {
+    "run --check": lambda t, out: ["run", t, "--check"],
+    "run": lambda t, out: ["run", t, "--out", str(out), "--no-progress"],
+    "simulate": lambda t, out: ["simulate", t, "--out", str(out), "--no-progress", "--no-plot"],
+    "compare sim": lambda t, out: ["compare", t, "--engine", "sim", "--schemes", "kg,sg",
+                                   "--out", str(out), "--no-progress"],
+    "compare ray": lambda t, out: ["compare", t, "--engine", "ray", "--schemes", "kg,pkg",
+                                   "--out", str(out), "--no-progress"],
+}
+MAINS = {"run": run_mod.main, "simulate": simulate_mod.main, "compare": compare_mod.main}
+
+
+def call(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
+    """Run a tool's main in-process the way ``python -m`` does: (exit code, stdout, stderr)."""
+    main = MAINS[argv[0]]
+    with pytest.raises(SystemExit) as e:
+        run_main(lambda: main(argv[1:]))
+    cap = capsys.readouterr()
+    return int(e.value.code or 0), cap.out, cap.err
+
+
+def assert_bad(tool: str, topo: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str],
+               expected: str, *extra: str) -> str:
+    out = tmp_path / f"out-{tool.replace(' ', '-')}"
+    argv = TOOLS[tool](str(topo), out) + list(extra)
+    code, stdout, stderr = call(argv, capsys)
+    lines = stderr.strip().splitlines()
+    assert code == 2, (tool, code, stdout, stderr)
+    assert len(lines) == 1, (tool, stderr)
+    assert lines[0].startswith("error: "), lines
+    assert expected in lines[0], (tool, lines[0], expected)
+    # nothing half-written: no output directory, no staging directory
+    assert not out.exists(), f"{tool} left {out}"
+    assert not list(tmp_path.glob(f".{out.name}*")), f"{tool} left a staging directory"
+    return lines[0]
+
+
+def write(tmp_path: Path, text: str, name: str = "t.yaml") -> Path:
+    p = tmp_path / name
+    p.write_text(text, encoding="utf-8")
+    return p
+
+
+# --------------------------------------------------------------------------- topology cases
+
+#: (case, YAML text, the exact error line without "error: " - or a part of it
+#: when it names a temporary path)
+TOPOLOGY_CASES = [
+    ("malformed-yaml", "workers: [1, 2\n", "malformed YAML at line 2, column 1"),
+    ("tab-indent", "workers:\n\tcount: 2\n", "malformed YAML at line 2, column 1"),
+    ("field-given-twice", "workers:\n  count: 2\n  count: 3\n",
+     "malformed YAML at line 3, column 3: field 'count' given twice"),
+    ("not-a-mapping", "- workers\n- grouping\n",
+     "topology: expected a mapping of fields (got list)"),
+    ("unknown-section", "wrkers: {count: 2}\n", "wrkers: unknown field, did you mean 'workers'?"),
+    ("misspelled-field", "workers: {cuont: 2}\n",
+     "workers.cuont: unknown field, did you mean 'count'?"),
+    ("misspelled-nested", "workers:\n  changes: [{at_s: 1, worker: 0, capacty: 0.5}]\n",
+     "workers.changes.0.capacty: unknown field, did you mean 'capacity'?"),
+    ("misspelled-param", "grouping: {scheme: cg, virtual_per_workr: 4}\n",
+     "grouping.virtual_per_workr: unknown parameter for scheme "),
+    ("wrong-type-count", "workers: {count: eight}\n",
+     "workers.count: expected a whole number (got 'eight')"),
+    ("wrong-type-float-count", "workers: {count: 2.5}\n",
+     "workers.count: expected a whole number (got 2.5)"),
+    ("wrong-type-section", "workers: 8\n", "workers: expected a mapping of fields (got 8)"),
+    ("wrong-type-list", "faults: {at_s: 1, kill: worker-0}\n",
+     "faults: expected a list (got {'at_s': 1, 'kill': 'worker-0'})"),
+    ("wrong-type-capacity", "workers: {count: 2, capacity: [1, fast]}\n",
+     "workers.capacity.1: expected a number (got 'fast')"),
+    ("wrong-type-capacity-text", "workers: {capacity: fast}\n",
+     "workers.capacity: expected a number or a list of numbers (got 'fast')"),
+    ("capacity-zero", "workers: {capacity: 0}\n",
+     "workers.capacity: every capacity must be > 0 and finite (got 0)"),
+    ("capacity-negative", "workers: {count: 2, capacity: [1, -0.5]}\n",
+     "workers.capacity.1: every capacity must be > 0 and finite (got -0.5)"),
+    ("capacity-nan", "workers: {capacity: .nan}\n",
+     "workers.capacity: every capacity must be > 0 and finite (got nan)"),
+    ("capacity-empty", "workers: {capacity: []}\n", "workers.capacity: must not be empty (got [])"),
+    ("more-capacities-than-workers", "workers: {count: 2, capacity: [1, 1, 0.5]}\n",
+     "workers.capacity: 3 values for workers.count=2 (give one value or exactly 2)"),
+    ("capacity-above-1", "workers: {capacity: 2}\n",
+     "workers.capacity: 2.0 > 1 needs workers.throttle=service"),
+    ("change-capacity-zero", "workers: {changes: [{at_s: 1, worker: 0, capacity: 0}]}\n",
+     "workers.changes.0.capacity: must be > 0.0 (got 0)"),
+    ("unknown-scheme", "grouping: {scheme: pck}\n",
+     "grouping.scheme: unknown scheme 'pck', did you mean 'pkg'? (known: cg, ch, chbl, "
+     "dchoices, fish, gedik, kg, pkg, porc, potc, sg, wchoices)"),
+    ("scheme-wrong-case", "grouping: {scheme: KG}\n",
+     "grouping.scheme: unknown scheme 'KG', did you mean 'kg'?"),
+    ("bad-param-value", "grouping: {scheme: cg, eps: -1}\n",
+     "grouping.eps: must be in [0, 10.0] (got -1)"),
+    ("bad-param-type", "grouping: {scheme: fish, epoch: soon}\n",
+     "grouping.epoch: must be an int in [1, 1000000000] (got 'soon')"),
+    ("unknown-format", "input: {format: parket, path: x.parquet}\n",
+     "input.format: must be one of parquet, csv, json, zipf, evolving-zipf (got 'parket'), "
+     "did you mean 'parquet'?"),
+    ("missing-path", "input: {format: csv}\n", "input.path: required for format 'csv'"),
+    ("negative-skew", "input: {skew: -1}\n", "input.skew: must be >= 0.0 (got -1)"),
+    ("infinite-rate", "run: {rate: .inf}\n", "run.rate: must be a finite number (got inf)"),
+    ("batch-zero", "run: {batch: 0}\n", "run.batch: must be >= 1 (got 0)"),
+    ("too-many-workers", "workers: {count: 1000000}\n",
+     "workers.count: must be <= 10000 (got 1000000)"),
+    ("bad-name", "name: runs/x\n",
+     "name: must be a non-empty name without '/' or control characters (got 'runs/x')"),
+    ("unknown-app", "app: {kind: wordcont}\n",
+     "app.kind: must be one of wordcount, naive-bayes, heavy-hitters (got 'wordcont'), "
+     "did you mean 'wordcount'?"),
+    ("unknown-throttle", "workers: {throttle: cpu}\n",
+     "workers.throttle: must be one of duty-cycle, cpulimit, service (got 'cpu'), "
+     "did you mean 'cpulimit'?"),
+    ("fault-unknown-worker", "faults: [{at_s: 1, kill: worker-9}]\n",
+     "faults.0.kill: 'worker-9' does not exist (workers: 4)"),
+    ("missing-field", "faults: [{at_s: 1}]\n", "faults.0.kill: required field is missing"),
+    ("non-text-field-name", "1: 2\n", "1: field names must be text (got 1)"),
+    ("missing-input-file", "input: {format: parquet, path: nowhere.parquet}\n",
+     "input.path: file not found (got 'nowhere.parquet')"),
+]
+
+
+#: compare sets grouping.scheme itself (--schemes): the file's scheme and its
+#: parameters are not used, so these are not errors there
+SCHEME_CASES = {"unknown-scheme", "scheme-wrong-case", "bad-param-value", "bad-param-type"}
+
+
+@pytest.mark.parametrize("tool", list(TOOLS))
+@pytest.mark.parametrize("case, text, expected", TOPOLOGY_CASES,
+                         ids=[c[0] for c in TOPOLOGY_CASES])
+def test_bad_topology(tool: str, case: str, text: str, expected: str, tmp_path: Path,
+                      capsys: pytest.CaptureFixture[str]) -> None:
+    if tool.startswith("compare") and case in SCHEME_CASES:
+        pytest.skip("compare overrides grouping.scheme")
+    topo = write(tmp_path, text)
+    line = assert_bad(tool, topo, tmp_path, capsys, expected)
+    if "malformed YAML" not in expected:
+        assert line == f"error: {expected}" or expected in line
+
+
+@pytest.mark.parametrize("tool", ["run --check", "simulate"])
+def test_bad_override(tool: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    topo = write(tmp_path, "name: x\n")
+    assert_bad(tool, topo, tmp_path, capsys,
+               "workers.count: expected a whole number (got 'many')",
+               "--set", "workers.count=many")
+    assert_bad(tool, topo, tmp_path, capsys,
+               "grouping.scheme: unknown scheme 'pkgg', did you mean 'pkg'?",
+               "--set", "grouping.scheme=pkgg")
+    assert_bad(tool, topo, tmp_path, capsys, "--set: expected key.path=value (got 'workers')",
+               "--set", "workers")
+
+
+def test_topology_file_missing_or_unreadable(tmp_path: Path,
+                                             capsys: pytest.CaptureFixture[str]) -> None:
+    for tool in TOOLS:
+        assert_bad(tool, tmp_path / "absent.yaml", tmp_path, capsys,
+                   "absent.yaml: topology file not found")
+    binary = tmp_path / "bin.yaml"
+    binary.write_bytes(b"\xff\xfe\x00garbage")
+    assert_bad("run --check", binary, tmp_path, capsys,
+               "bin.yaml: cannot read topology file (UnicodeDecodeError)")
+
+
+# --------------------------------------------------------------------------- data cases
+
+
+def _parquet(table: pa.Table) -> Callable[[Path], Path]:
+    def make(d: Path) -> Path:
+        pq.write_table(table, d / "in.parquet")
+        return d / "in.parquet"
+    return make
+
+
+def _text(name: str, text: str | bytes) -> Callable[[Path], Path]:
+    def make(d: Path) -> Path:
+        p = d / name
+        if isinstance(text, bytes):
+            p.write_bytes(text)
+        else:
+            p.write_text(text, encoding="utf-8")
+        return p
+    return make
+
+
+#: (case, input file maker, format, extra topology YAML, expected line part)
+DATA_CASES = [
+    ("parquet-empty-dataset", _parquet(pa.table({"key": pa.array([], pa.string())})), "parquet",
+     "", "input.path: no rows in '{path}' (empty dataset)"),
+    ("parquet-zero-bytes", _text("in.parquet", b""), "parquet", "",
+     "input.path: no rows in '{path}' (empty file)"),
+    ("parquet-corrupt", _text("in.parquet", b"PAR1 this is not parquet at all"), "parquet", "",
+     "input.path: cannot read '{path}' as parquet ("),
+    ("parquet-no-key-column", _parquet(pa.table({"word": ["a", "b"]})), "parquet",
+     "", "input.key: no column 'key' in {path} (available: word)"),
+    ("parquet-no-label-column", _parquet(pa.table({"key": ["a", "b"]})), "parquet",
+     "app: {kind: naive-bayes}\n", "input.label: no column 'label' in {path} (available: key)"),
+    ("csv-header-only", _text("in.csv", "key,label\n"), "csv", "",
+     "input.path: no rows in '{path}' (empty dataset)"),
+    ("csv-zero-bytes", _text("in.csv", ""), "csv", "", "input.path: no rows in '{path}' (empty file)"),
+    ("csv-no-key-column", _text("in.csv", "word,n\na,1\n"), "csv", "key: words\n",
+     "input.key: no column 'words' in {path} (available: word, n)"),
+    ("json-zero-bytes", _text("in.json", ""), "json", "",
+     "input.path: no rows in '{path}' (empty file)"),
+    ("json-no-key-column", _text("in.json", '{"word": "a"}\n{"word": "b"}\n'), "json", "",
+     "input.key: no column 'key' in {path} (available: word)"),
+    ("directory-missing", lambda d: d / "nope" / "in.parquet", "parquet", "",
+     "input.path: file not found (got '{path}')"),
+]
+
+
+def _data_topology(tmp_path: Path, maker: Callable[[Path], Path], fmt: str,
+                   extra: str) -> tuple[Path, str]:
+    data = maker(tmp_path)
+    rel = os.path.relpath(data, tmp_path)
+    key = f", {extra.strip()}" if extra.startswith("key:") else ""
+    text = (f"name: bad-data\ninput: {{format: {fmt}, path: {rel}{key}}}\n"
+            f"workers: {{count: 2}}\ngrouping: {{scheme: kg}}\n")
+    return write(tmp_path, text + ("" if key else extra)), rel
+
+
+@pytest.mark.parametrize("tool", list(TOOLS))
+@pytest.mark.parametrize("case, maker, fmt, extra, expected", DATA_CASES,
+                         ids=[c[0] for c in DATA_CASES])
+def test_bad_data(tool: str, case: str, maker: Callable[[Path], Path], fmt: str, extra: str,
+                  expected: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    topo, rel = _data_topology(tmp_path, maker, fmt, extra)
+    assert_bad(tool, topo, tmp_path, capsys, expected.format(path=rel))
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root reads any file")
+def test_unreadable_input_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    topo, rel = _data_topology(tmp_path, _parquet(pa.table({"key": ["a"]})), "parquet", "")
+    (tmp_path / rel).chmod(0)
+    for tool in TOOLS:
+        assert_bad(tool, topo, tmp_path, capsys, "input.path: ")
+
+
+def test_simulator_refuses_what_it_cannot_read_like_spark(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A JSON field that is a number in one line and text in another: Spark
+    reads it (as text), pyarrow cannot. ``run --check`` lets Spark decide; the
+    simulator says so in one line."""
+    topo, rel = _data_topology(tmp_path, _text("in.json", '{"key": 5}\n{"key": "a"}\n'),
+                               "json", "")
+    code, out, _ = call(TOOLS["run --check"](str(topo), tmp_path / "o"), capsys)
+    assert code == 0 and out.startswith("ok: ")
+    assert_bad("simulate", topo, tmp_path, capsys,
+               f"input.path: cannot read '{rel}' as json (JSON parse error: ")
+
+
+# --------------------------------------------------------------------------- odd keys
+
+
+ODD = {  # file -> (format, expected wordcount result as {key: count})
+    "nulls.parquet": ("parquet", {"a": 2, "b": 1, None: 2}),
+    "ints.parquet": ("parquet", {"1": 2, "2": 2, "-5": 1}),
+    "floats.parquet": ("parquet", {"1.0": 2, "2.5": 1, "1.0E7": 1, "1.0E-5": 1}),
+    "bools.parquet": ("parquet", {"true": 2, "false": 1}),
+    "text.csv": ("csv", {"007": 1, "7": 1, "": 1, None: 1, "x": 1}),
+    "ints.json": ("json", {"5": 2, "-1": 1, None: 2}),
+}
+
+
+def make_odd_inputs(d: Path) -> dict[str, Path]:
+    pq.write_table(pa.table({"key": ["a", None, "b", None, "a"]}), d / "nulls.parquet")
+    pq.write_table(pa.table({"key": pa.array([1, 2, 2, -5, 1], pa.int64())}), d / "ints.parquet")
+    pq.write_table(pa.table({"key": [1.0, 2.5, 1e7, 1e-5, 1.0]}), d / "floats.parquet")
+    pq.write_table(pa.table({"key": [True, False, True]}), d / "bools.parquet")
+    # unquoted empty field = null, quoted empty field = "" (Spark's CSV defaults);
+    # a blank line is no row
+    (d / "text.csv").write_text('key,n\n007,1\n7,2\n"",3\n,4\nx,5\n\n')
+    (d / "ints.json").write_text('{"key": 5}\n{"key": -1}\n{"key": null}\n{"other": 1}\n'
+                                 '{"key": 5}\n')
+    return {name: d / name for name in ODD}
+
+
+def odd_topology(d: Path, name: str, scheme: str = "kg") -> Path:
+    fmt = ODD[name][0]
+    return write(d, f"name: odd-{name.replace('.', '-')}\ninput: {{format: {fmt}, path: {name}}}\n"
+                    f"workers: {{count: 3, service_us: 0}}\ngrouping: {{scheme: {scheme}}}\n",
+                 f"t-{name}.yaml")
+
+
+def result_dict(out: Path) -> dict[Any, int]:
+    return {r["key"]: r["count"] for r in pq.read_table(out / "result.parquet").to_pylist()}
+
+
+@pytest.mark.parametrize("name", list(ODD))
+def test_odd_keys_in_the_simulator(name: str, tmp_path: Path,
+                                   capsys: pytest.CaptureFixture[str]) -> None:
+    """Null, integer, float, boolean and CSV-text keys: a documented result,
+    keys as strings the way Spark prints them, nothing dropped."""
+    make_odd_inputs(tmp_path)
+    topo = odd_topology(tmp_path, name)
+    code, _, err = call(["run", str(topo), "--check"], capsys)
+    assert code == 0, err
+    out = tmp_path / "out"
+    code, _, err = call(TOOLS["simulate"](str(topo), out), capsys)
+    assert code == 0, err
+    assert result_dict(out) == ODD[name][1]
+    assert pq.read_schema(out / "result.parquet").field("key").type == pa.string()
+    report = json.loads((out / "report.json").read_text())
+    assert report["messages"]["input"] == report["messages"]["processed"] == sum(
+        ODD[name][1].values())
+
+
+def test_naive_bayes_labels_like_spark(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Labels are cast to int64 as Spark's CAST(label AS BIGINT); rows whose label
+    is null or not a number are dropped; none left is an error."""
+    (tmp_path / "nb.csv").write_text("key,label\na,1\nb,x\nc,\nd,2.7\na,1\n")
+    topo = write(tmp_path, "input: {format: csv, path: nb.csv}\nworkers: {count: 2}\n"
+                           "grouping: {scheme: kg}\napp: {kind: naive-bayes}\n")
+    out = tmp_path / "out"
+    code, _, err = call(TOOLS["simulate"](str(topo), out), capsys)
+    assert code == 0, err
+    rows = pq.read_table(out / "result.parquet").to_pylist()
+    assert [(r["key"], r["label"], r["count"]) for r in rows] == [("a", 1, 2), ("d", 2, 1)]
+    (tmp_path / "nb.csv").write_text("key,label\na,x\nb,\n")
+    assert_bad("simulate", topo, tmp_path, capsys,
+               "input.path: no rows with a label in 'nb.csv' (empty dataset)")
+
+
+def test_integer_keys_route_as_their_string(tmp_path: Path) -> None:
+    """An integer key routes like its decimal string in both engines (the real
+    runtime hashes what Spark's CAST(key AS STRING) gives)."""
+    from runtime.hashing import hash_keys
+    from runtime.sim.inputs import load_input
+    from runtime.topology import load_topology
+
+    make_odd_inputs(tmp_path)
+    inp = load_input(load_topology(odd_topology(tmp_path, "ints.parquet")))
+    assert inp.keys.to_pylist() == ["1", "2", "-5"]
+    assert inp.key_hashes.tolist() == hash_keys(["1", "2", "-5"]).tolist()
+
+
+# --------------------------------------------------------------------------- atomic outputs
+
+
+def test_a_failed_write_leaves_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """report.write_run stages every file and renames the directory at the end:
+    a failure half-way (here: the plot) leaves no output and no staging."""
+    import pandas as pd
+
+    from runtime import plots, report
+
+    rep = {k: 0 for k in report.REQUIRED_KEYS}
+    rep.update(latency_ms={}, imbalance={}, signals={}, messages={}, workers=[])
+
+    def boom(*a: Any, **k: Any) -> None:
+        raise RuntimeError("disk full")
+
+    monkeypatch.setattr(plots, "plot_run", boom)
+    out = tmp_path / "run"
+    with pytest.raises(RuntimeError):
+        report.write_run(out, rep, pd.DataFrame({"t_s": [0.0]}), pa.table({"key": ["a"]}))
+    assert list(tmp_path.iterdir()) == []
+    report.write_run(out, rep, pd.DataFrame({"t_s": [0.0]}), pa.table({"key": ["a"]}),
+                     plot=False)
+    assert sorted(p.name for p in out.iterdir()) == ["report.json", "result.parquet",
+                                                     "timeseries.csv"]
+
+
+# --------------------------------------------------------------------------- real processes
+
+
+def _proc(module: str, *args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "RAY_AUTH_MODE": "disabled"}
+    return subprocess.run([sys.executable, "-m", module, *args], cwd=cwd, capture_output=True,
+                          text=True, timeout=120, env=env)
+
+
+TYPO = ("input: {format: csv, path: in.csv}\nworkers: {cnt: 2}\n",
+        "error: workers.cnt: unknown field, did you mean 'count'?")
+NO_KEY = ("input: {format: csv, path: in.csv}\nworkers: {count: 2}\n",
+          "error: input.key: no column 'key' in in.csv (available: word)")
+
+
+@pytest.mark.parametrize("module, extra, case", [
+    ("runtime.run", ["--check"], TYPO),
+    ("runtime.run", [], NO_KEY),
+    ("runtime.simulate", ["--no-progress"], TYPO),
+    ("runtime.compare", ["--engine", "ray"], NO_KEY),
+], ids=["run-check", "run", "simulate", "compare"])
+def test_process_level_contract(module: str, extra: list[str], case: tuple[str, str],
+                                tmp_path: Path) -> None:
+    """One real process per tool: exit 2, one stderr line, no traceback, no output."""
+    (tmp_path / "in.csv").write_text("word\nx\n")
+    topo = write(tmp_path, case[0])
+    p = _proc(module, str(topo), "--out", str(tmp_path / "out"), *extra)
+    assert p.returncode == 2, (p.stdout, p.stderr)
+    assert p.stderr.splitlines() == [case[1]]
+    assert not (tmp_path / "out").exists()
