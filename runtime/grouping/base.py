@@ -19,6 +19,8 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+from runtime.hashing import choice
+
 Clock = Callable[[], float]
 
 SCHEMES: dict[str, type[Grouping]] = {}
@@ -57,6 +59,9 @@ class Grouping(ABC):
         self.clock: Clock = clock or _zero_clock
         self.migrations = 0  # virtual workers / keys moved between workers
         self.signals = {"increase": 0, "decrease": 0}
+        #: ``bool[n_workers]``, True = departed, or None while every worker is live
+        #: (schemes without their own membership handling: see ``_live``)
+        self._dead: np.ndarray | None = None
 
     @abstractmethod
     def route(self, key_hashes: np.ndarray) -> np.ndarray:
@@ -73,12 +78,93 @@ class Grouping(ABC):
         elif signal < 0:
             self.signals["decrease"] += 1
 
-    def on_workers_changed(self, alive: Sequence[int]) -> None:  # noqa: B027 - optional hook
-        """The set of live workers changed (failure, elasticity). Default: nothing."""
+    def on_workers_changed(self, alive: Sequence[int]) -> None:
+        """The set of live workers changed (failure, elasticity).
+
+        Default, for schemes without their own membership handling: a liveness
+        mask over ``0..n_workers-1``. ``route`` still computes the scheme's
+        choice and ``_live`` sends a message whose choice departed to its
+        rendezvous-hash winner among the live workers (``reroute_dead``): only
+        departed workers' messages move, and a key's stand-in is the same on
+        every source. A worker id ``>= n_workers`` is an error here (the
+        scheme's arithmetic is fixed at ``n_workers``; build it with room and
+        mark the spare ids departed instead). Schemes that re-map natively
+        (CH, FISH, CG) override this.
+        """
+        target = {int(w) for w in alive}
+        if not target:
+            raise ValueError("alive must contain at least one worker")
+        bad = [w for w in sorted(target) if not 0 <= w < self.n_workers]
+        if bad:
+            raise ValueError(
+                f"worker ids must be in [0, {self.n_workers}) for scheme {self.name!r} "
+                f"(got {bad[0]})"
+            )
+        dead = np.ones(self.n_workers, dtype=bool)
+        dead[sorted(target)] = False
+        self._dead = dead if dead.any() else None
+
+    def live_workers(self) -> list[int]:
+        """The workers currently routed to, ascending."""
+        ring = getattr(self, "ring", None)
+        if ring is not None and type(self).on_workers_changed is not Grouping.on_workers_changed:
+            return list(ring.workers)
+        alive = getattr(self, "_alive", None)
+        if alive is not None:
+            return sorted(alive)
+        if self._dead is None:
+            return list(range(self.n_workers))
+        return np.flatnonzero(~self._dead).tolist()
+
+    def remove_worker(self, worker: int) -> None:
+        """``worker`` departed (failure or scale-in): route nothing more to it."""
+        live = [w for w in self.live_workers() if w != int(worker)]
+        self.on_workers_changed(live)
+
+    def add_worker(self, worker: int) -> None:
+        """``worker`` joined (or came back)."""
+        live = self.live_workers()
+        if int(worker) not in live:
+            self.on_workers_changed([*live, int(worker)])
+
+    def _live(self, key_hashes: np.ndarray, out: np.ndarray) -> np.ndarray:
+        """``out`` with every message routed to a departed worker re-routed (see
+        ``on_workers_changed``); ``out`` itself when every worker is live."""
+        if self._dead is None:
+            return out
+        return reroute_dead(key_hashes, out, self._dead)
 
     def stats(self) -> dict[str, Any]:
         """Counters for reports: migrations and signals received."""
         return {"migrations": self.migrations, "signals": dict(self.signals)}
+
+
+#: salt of the rendezvous hash used for departed workers' messages
+_HRW_SALT = 0x5EED_DEAD
+
+
+def reroute_dead(key_hashes: np.ndarray, dest: np.ndarray, dead: np.ndarray) -> np.ndarray:
+    """Re-route the messages of ``dest`` that go to a ``dead`` worker.
+
+    Each such message goes to the live worker ``w`` with the highest
+    ``H_{salt + w}(key)`` (rendezvous hashing, Thaler & Ravishankar 1998), so
+    (1) a key's stand-in depends only on the key and the live set - identical on
+    every source and in every batch - and (2) a further departure moves only the
+    departed worker's keys, while keys spread evenly over the live workers.
+    Messages to live workers are untouched. Returns a new array.
+    """
+    dest = np.asarray(dest)
+    out = dest.copy()
+    hit = np.flatnonzero(dead[dest])
+    if hit.size == 0:
+        return out
+    live = np.flatnonzero(~dead)
+    if live.size == 0:
+        raise ValueError("every worker is dead")
+    h = np.asarray(key_hashes, dtype=np.uint64)[hit]
+    scores = np.stack([choice(h, _HRW_SALT + int(w)) for w in live], axis=1)
+    out[hit] = live[np.argmax(scores, axis=1)].astype(out.dtype)
+    return out
 
 
 def scheme_params(name: str) -> dict[str, Any]:

@@ -98,7 +98,7 @@ class ConsistentHashingBoundedLoads(Grouping):
         start = self.ring.successor_index(h)
         out = np.empty(len(h), dtype=np.int32)
         _chbl_walk(start, self.ring.owners, self.loads, self._state, 1.0 + self.eps, out)
-        return out
+        return self._live(h, out)
 
     def stats(self) -> dict[str, Any]:
         s = super().stats()

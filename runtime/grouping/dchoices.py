@@ -206,7 +206,7 @@ class _HeadTailChoices(Grouping):
             h, out, self.loads, *self.summary.arrays, self._state,
             self.theta, self.eps, self.refresh_every, self.mode,
         )  # fmt: skip
-        return out
+        return self._live(h, out)
 
     def stats(self) -> dict[str, Any]:
         s = super().stats()

@@ -356,7 +356,7 @@ class GedikPartitioning(Grouping):
                 self._lc.grow()
             if self._state[0] % self.rebuild_every == 0 and self._state[0] > 0:
                 self.rebuild()
-        return out
+        return self._live(h, out)
 
     def rebuild(self) -> dict[str, float]:
         """Rebuild the explicit table from this window's frequencies (Gedik 4.2)."""

@@ -31,4 +31,4 @@ class KeyGrouping(Grouping):
         h = np.ascontiguousarray(key_hashes, dtype=np.uint64)
         out = np.empty(len(h), dtype=np.int32)
         _kg_route(h, self.n_workers, out)
-        return out
+        return self._live(h, out)

@@ -98,4 +98,4 @@ class PartialKeyGrouping(Grouping):
         h = np.ascontiguousarray(key_hashes, dtype=np.uint64)
         out = np.empty(len(h), dtype=np.int32)
         _pkg_select(h, self.loads, out)
-        return out
+        return self._live(h, out)

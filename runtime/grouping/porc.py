@@ -205,7 +205,7 @@ class PowerOfRandomChoices(Grouping):
         return self._route(key_hashes, self._bin_ids)
 
     def route(self, key_hashes: np.ndarray) -> np.ndarray:
-        return self._route(key_hashes, self._bin_worker)
+        return self._live(key_hashes, self._route(key_hashes, self._bin_worker))
 
     def stats(self) -> dict[str, Any]:
         s = super().stats()

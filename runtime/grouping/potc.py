@@ -99,4 +99,4 @@ class PowerOfTwoChoices(Grouping):
         m = len(key_hashes)
         c1, c2 = potc_candidates(self._stream_key, self._sent, m, self.n_workers)
         self._sent += m
-        return _potc_select(c1, c2, self.loads)
+        return self._live(key_hashes, _potc_select(c1, c2, self.loads))

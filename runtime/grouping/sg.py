@@ -24,4 +24,4 @@ class ShuffleGrouping(Grouping):
         m = len(key_hashes)
         out = ((np.arange(m, dtype=np.int64) + self._next) % self.n_workers).astype(np.int32)
         self._next = (self._next + m) % self.n_workers
-        return out
+        return self._live(key_hashes, out)
