@@ -40,7 +40,7 @@ def load_or_exit(path: str, overrides: Sequence[str], *, check_input: bool = Tru
 
 
 def fail(message: str) -> NoReturn:
-    print(f"error: {message}", file=sys.stderr)
+    print(f"error: {TopologyError(message)}", file=sys.stderr)  # one line, escaped
     raise SystemExit(EXIT_BAD_INPUT)
 
 

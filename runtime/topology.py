@@ -31,7 +31,13 @@ APPS = ("wordcount", "naive-bayes", "heavy-hitters")
 
 
 class TopologyError(ValueError):
-    """A topology problem, as one line naming the field and the value."""
+    """A topology problem, as one line naming the field and the value.
+
+    Always one line: a control character from the input (a field name with a
+    newline in it) is shown escaped (``\\n``)."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__("".join(c if c.isprintable() else repr(c)[1:-1] for c in str(message)))
 
 
 class _Strict(BaseModel):

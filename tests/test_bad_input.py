@@ -28,11 +28,15 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+import yaml
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from runtime import compare as compare_mod
 from runtime import run as run_mod
 from runtime import simulate as simulate_mod
 from runtime.cli import run_main
+from runtime.topology import Topology, TopologyError, load_topology
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -440,3 +444,168 @@ def test_process_level_contract(module: str, extra: list[str], case: tuple[str, 
     assert p.returncode == 2, (p.stdout, p.stderr)
     assert p.stderr.splitlines() == [case[1]]
     assert not (tmp_path / "out").exists()
+
+
+# --------------------------------------------------------------------------- fuzzing
+
+SHIPPED = sorted((ROOT / "topologies").glob("*.yaml"))
+SHIPPED_DOCS = [yaml.safe_load(p.read_text()) for p in SHIPPED]
+SHIPPED_TEXTS = [p.read_text() for p in SHIPPED]
+
+
+def _paths(node: Any, prefix: tuple = ()) -> list[tuple]:
+    """Every path into a YAML document (mapping keys and list indexes)."""
+    out = [prefix] if prefix else []
+    if isinstance(node, dict):
+        for k, v in node.items():
+            out += _paths(v, prefix + (k,))
+    elif isinstance(node, list):
+        for i, v in enumerate(node):
+            out += _paths(v, prefix + (i,))
+    return out
+
+
+def _get(node: Any, path: tuple) -> Any:
+    for p in path:
+        node = node[p]
+    return node
+
+
+_scalars = st.one_of(st.none(), st.booleans(), st.integers(-3, 10**7),
+                     st.integers(-(2**70), 2**70), st.floats(allow_nan=True),
+                     st.text(max_size=12), st.sampled_from(["kg", "cg", "parquet", "worker-1",
+                                                            "1e3", "0x10", "~", "-1", ""]))
+_values = st.recursive(_scalars, lambda c: st.lists(c, max_size=3)
+                       | st.dictionaries(st.text(max_size=8) | st.integers(0, 3), c, max_size=3),
+                       max_leaves=6)
+
+
+def _typo(name: str, i: int, how: int) -> str:
+    if not name:
+        return "x"
+    i %= len(name)
+    return [name[:i] + name[i + 1:], name[:i] + name[i] + name[i:],
+            name[:i] + name[i + 1:i + 2] + name[i:i + 1] + name[i + 2:],
+            name.upper(), name + "s"][how % 5]
+
+
+@st.composite
+def mutated_topologies(draw: st.DrawFn) -> dict:
+    """A shipped topology with 1-3 random edits: delete a field, replace a value
+    (any type), misspell a field name, or add an unknown field."""
+    doc = json.loads(json.dumps(draw(st.sampled_from(SHIPPED_DOCS))))
+    for _ in range(draw(st.integers(1, 3))):
+        paths = _paths(doc)
+        path = draw(st.sampled_from(paths))
+        parent = _get(doc, path[:-1])
+        last = path[-1]
+        op = draw(st.sampled_from(["delete", "replace", "typo", "add"]))
+        if op == "delete":
+            del parent[last]
+        elif op == "replace":
+            parent[last] = draw(_values)
+        elif op == "typo" and isinstance(parent, dict) and isinstance(last, str):
+            parent[_typo(last, draw(st.integers(0, 50)), draw(st.integers(0, 4)))] = \
+                parent.pop(last)
+        elif isinstance(parent, dict):
+            parent[draw(st.text(min_size=1, max_size=8))] = draw(_values)
+    return doc
+
+
+def _one_line_or_valid(load: Callable[[], Topology]) -> None:
+    try:
+        topo = load()
+    except TopologyError as e:
+        msg = str(e)
+        assert msg and "\n" not in msg and len(msg) < 500, msg
+        assert "Traceback" not in msg and "pydantic" not in msg.lower(), msg
+        return
+    assert isinstance(topo, Topology)
+
+
+@settings(max_examples=250, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(mutated_topologies())
+def test_fuzz_mutated_shipped_topologies(doc: dict) -> None:
+    """Every outcome is a valid Topology or a TopologyError with one line: no
+    other exception, whatever the edit."""
+    _one_line_or_valid(lambda: load_topology(doc))
+
+
+@st.composite
+def mutated_texts(draw: st.DrawFn) -> str:
+    """A shipped topology file with random text edits: cut, insert, duplicate or
+    swap lines, insert YAML punctuation."""
+    lines = draw(st.sampled_from(SHIPPED_TEXTS)).splitlines()
+    for _ in range(draw(st.integers(1, 4))):
+        i = draw(st.integers(0, max(0, len(lines) - 1)))
+        op = draw(st.integers(0, 4))
+        if op == 0 and lines:
+            del lines[i]
+        elif op == 1:
+            lines.insert(i, draw(st.text(alphabet=" :-[]{}&*!|>'\"#,?%@`\tabk0.1\\", max_size=12)))
+        elif op == 2 and lines:
+            lines.insert(i, lines[i])
+        elif op == 3 and lines:
+            j = draw(st.integers(0, len(lines) - 1))
+            lines[i], lines[j] = lines[j], lines[i]
+        elif lines:
+            pos = draw(st.integers(0, len(lines[i])))
+            lines[i] = lines[i][:pos] + draw(st.text(max_size=3)) + lines[i][pos:]
+    return "\n".join(lines) + "\n"
+
+
+@settings(max_examples=250, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(mutated_texts())
+def test_fuzz_mutated_topology_files(tmp_path_factory: pytest.TempPathFactory,
+                                     text: str) -> None:
+    p = tmp_path_factory.mktemp("fz") / "t.yaml"
+    p.write_text(text, encoding="utf-8", errors="surrogatepass")
+    _one_line_or_valid(lambda: load_topology(p))
+
+
+def test_fuzzed_files_exit_2_with_one_line(tmp_path: Path) -> None:
+    """CLI level: a handful of fuzzed (invalid) files -> exit 2 and exactly the
+    loader's line on stderr, from real processes."""
+    import random
+
+    rng = random.Random(5)
+    found: list[tuple[Path, str]] = []
+    junk = [" ", ":", "- ", "[", "{", "'", "&a", "*b", "!!int", "\t", "x", "0"]
+    for n in range(500):
+        lines = rng.choice(SHIPPED_TEXTS).splitlines()
+        i = rng.randrange(len(lines))
+        lines[i] = lines[i][:rng.randrange(len(lines[i]) + 1)] + rng.choice(junk)
+        p = tmp_path / f"f{n}.yaml"
+        p.write_text("\n".join(lines) + "\n")
+        try:
+            load_topology(p, check_input=True)
+        except TopologyError as e:
+            if all(str(e).split(":")[0] != f[1].split(":")[0] for f in found):
+                found.append((p, str(e)))  # distinct kinds of error
+        if len(found) == 4:
+            break
+    assert len(found) == 4
+    env = {**os.environ, "RAY_AUTH_MODE": "disabled"}
+    procs = [(subprocess.Popen([sys.executable, "-m", "runtime.run", str(p), "--check"], cwd=ROOT,
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env),
+              msg) for p, msg in found]
+    for proc, msg in procs:
+        out, err = proc.communicate(timeout=120)
+        assert proc.returncode == 2, (msg, out, err)
+        assert err.splitlines() == [f"error: {msg}"], err
+
+
+_override_keys = st.lists(st.sampled_from(["workers", "count", "capacity", "changes", "0",
+                                           "grouping", "scheme", "eps", "input", "path",
+                                           "run", "rate", "name", "placement", "worker-0", "x",
+                                           ""]), min_size=0, max_size=4).map(".".join)
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.sampled_from(SHIPPED), st.lists(st.tuples(_override_keys, st.text(max_size=10)
+                                                    | st.sampled_from(["[1, 2]", "{a: 1}",
+                                                                       "-1", ".nan", "kg"])),
+                                          min_size=1, max_size=3))
+def test_fuzz_overrides(path: Path, sets: list[tuple[str, str]]) -> None:
+    """``--set key.path=value`` with any key path and any text."""
+    _one_line_or_valid(lambda: load_topology(path, [f"{k}={v}" for k, v in sets]))
