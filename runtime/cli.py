@@ -7,6 +7,7 @@ naming the field and the value, exit code 2, and no traceback.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -25,10 +26,28 @@ class _Parser(argparse.ArgumentParser):
 def base_parser(prog: str, description: str) -> argparse.ArgumentParser:
     p = _Parser(prog=prog, description=description)
     p.add_argument("topology", help="topology YAML file")
-    p.add_argument("--out", type=Path, default=None,
+    p.add_argument("--out", type=out_dir, default=None,
                    help="output directory (default runs/<name>-<UTC timestamp>/)")
     p.add_argument("--set", dest="overrides", action="append", default=[],
                    metavar="KEY.PATH=VALUE", help="override a topology field (repeatable)")
+    return p
+
+
+def out_dir(text: str) -> Path:
+    """``--out``: a directory we can create or write into, checked before the run
+    (a file in the way would otherwise fail only when the outputs are written)."""
+    p = Path(text)
+    if not text.strip():
+        raise argparse.ArgumentTypeError("empty path")
+    if p.exists() and not p.is_dir():
+        raise argparse.ArgumentTypeError(f"not a directory (got {text!r})")
+    parent = p.parent if not p.exists() else p
+    while not parent.exists() and parent != parent.parent:
+        parent = parent.parent
+    if not parent.is_dir():
+        raise argparse.ArgumentTypeError(f"{str(parent)!r} is not a directory (got {text!r})")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise argparse.ArgumentTypeError(f"{str(parent)!r} is not writable (got {text!r})")
     return p
 
 

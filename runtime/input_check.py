@@ -87,6 +87,9 @@ def open_dataset(topo: Topology) -> Any:
         raise TopologyError(f"input.path: file not found (got {spec.path!r})")
     if path is not None and path.is_file() and path.stat().st_size == 0:
         raise no_rows(spec.path, why="empty file")
+    if path is not None and path.is_dir() and not any(
+            f.is_file() and not f.name.startswith((".", "_")) for f in path.rglob("*")):
+        raise no_rows(spec.path, why="no data files in the directory")
     fmt: Any = spec.format
     if fmt == "csv":
         fmt = csv_format(spec.key, spec.label if topo.app.kind == "naive-bayes" else None)

@@ -215,6 +215,21 @@ def test_topology_file_missing_or_unreadable(tmp_path: Path,
                "bin.yaml: cannot read topology file (UnicodeDecodeError)")
 
 
+@pytest.mark.parametrize("tool", ["run", "simulate", "compare sim"])
+def test_out_that_cannot_be_a_directory(tool: str, tmp_path: Path,
+                                        capsys: pytest.CaptureFixture[str]) -> None:
+    """``--out`` on a file: refused before the run (it used to fail with a
+    traceback after the whole run, when the outputs were written)."""
+    topo = write(tmp_path, "name: x\ninput: {messages: 1000}\n")
+    blocker = tmp_path / "a-file"
+    blocker.write_text("keep me")
+    for out, why in [(blocker, "not a directory (got"), (blocker / "sub", "is not a directory")]:
+        code, _, err = call(TOOLS[tool](str(topo), out), capsys)
+        assert code == 2 and len(err.strip().splitlines()) == 1, err
+        assert "argument --out: " in err and why in err, err
+    assert blocker.read_text() == "keep me"
+
+
 # --------------------------------------------------------------------------- data cases
 
 
@@ -259,6 +274,8 @@ DATA_CASES = [
      "input.key: no column 'key' in {path} (available: word)"),
     ("directory-missing", lambda d: d / "nope" / "in.parquet", "parquet", "",
      "input.path: file not found (got '{path}')"),
+    ("directory-empty", lambda d: (d / "parts").mkdir() or d / "parts", "parquet", "",
+     "input.path: no rows in '{path}' (no data files in the directory)"),
 ]
 
 
