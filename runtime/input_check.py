@@ -16,8 +16,8 @@ Odd data that is legitimate is not an error; both engines treat it the same:
   same worker in ``runtime.run`` and ``runtime.simulate``, and the result's
   ``key`` column is a string (DESIGN.md).
 - CSV is read without type inference: a key is its text (``"007"`` stays
-  ``"007"``); an empty field is a null key, a quoted empty field ``""`` the
-  empty string (Spark's CSV defaults).
+  ``"007"``); an empty field, quoted (``""``) or not, is a null key (Spark's
+  CSV defaults, checked against Spark 3.5).
 - Null keys are one key: routed with ``runtime.hashing.NULL_HASH`` and counted
   in one result row whose key is null (as Spark's ``groupBy``). Nothing is
   dropped.
@@ -66,13 +66,13 @@ def unreadable(fmt: str, path: str | None, err: BaseException) -> TopologyError:
 
 def csv_format(key: str, label: str | None = None) -> Any:
     """pyarrow's CSV format with Spark's defaults (header, no type inference
-    for the key and label, unquoted empty field = null, ``""`` = empty string)."""
+    for the key and label, an empty field - quoted ``""`` too - is null)."""
     import pyarrow.csv as pacsv
     import pyarrow.dataset as ds
 
     types = {c: pa.string() for c in (key, label) if c}
     convert = pacsv.ConvertOptions(column_types=types, null_values=[""],
-                                   strings_can_be_null=True, quoted_strings_can_be_null=False)
+                                   strings_can_be_null=True, quoted_strings_can_be_null=True)
     return ds.CsvFileFormat(convert_options=convert)
 
 
