@@ -36,14 +36,16 @@ import pandas as pd
 import ray
 
 from actors import aggregator as aggregator_mod
+from actors import cluster as cluster_mod
 from actors import source as source_mod
 from actors import telemetry
 from actors import throttle as throttle_mod
 from actors import worker as worker_mod
-from actors.spark_input import SHARD_BLOCK_ROWS, build_dataframe, to_ray_shards
+from actors.spark_input import SHARD_BLOCK_ROWS, build_dataframe, session_cpus, to_ray_shards
 from runtime.grouping import make_grouping
 from runtime.latency import LatencyHistogram
 from runtime.metrics import replication
+from runtime.placement import actor_options
 from runtime.report import write_run
 from runtime.topology import Topology
 
@@ -210,6 +212,8 @@ def run_pipeline(
     throttling: _Throttling | None = None
     bar = _Progress(0, False)
 
+    # fail in seconds (exit 2) if the cluster can never host this placement
+    cluster_mod.check_placement(topo, spark_cpus=session_cpus())
     t_load = time.time()
     if df is None:
         df = build_dataframe(spark, topo)
@@ -243,11 +247,10 @@ def run_pipeline(
         workers = []
         for i in range(n):
             opts: dict[str, Any] = {
-                "name": f"worker-{i}", "namespace": namespace, "num_cpus": 0,
+                "name": f"worker-{i}", "namespace": namespace,
                 "max_concurrency": topo.sources * run.max_inflight + wspec.queue_batches + 8,
+                **actor_options(topo.placement.get(f"worker-{i}")),  # num_cpus=0 unless asked
             }
-            if f"worker-{i}" in topo.placement:
-                opts["resources"] = dict(topo.placement[f"worker-{i}"])
             w = Worker.options(**opts).remote(
                 i, topo.app.kind, app_params, agg,
                 service_us=wspec.service_us, capacity=caps.initial[i], throttle=wspec.throttle,
@@ -255,7 +258,9 @@ def run_pipeline(
                 slot_s=run.slot_s, signals=sig, aggregate_every_s=topo.app.aggregate_every_s)
             workers.append(w)
             actors.append(w)
-        pids = ray.get([w.pid.remote() for w in workers])
+        # bounded: a placement the cluster cannot serve now fails instead of hanging
+        pids = cluster_mod.wait_for_actors([w.pid.remote() for w in workers],
+                                       [f"worker-{i}" for i in range(n)], topo.placement)
         nodes = ray.get([w.node_id.remote() for w in workers])
 
         Source = source_mod.actor_class()
@@ -270,6 +275,9 @@ def run_pipeline(
             sources.append(src)
             actors.append(src)
         ray.get([s.progress.remote() for s in sources])  # constructed (grouping compiled)
+        cluster_info = cluster_mod.cluster_summary(
+            {"aggregator": agg, **{f"worker-{i}": w for i, w in enumerate(workers)},
+             **{f"source-{i}": s for i, s in enumerate(sources)}})
 
         changes = [(c.at_s, c.worker, c.capacity) for c in wspec.changes]
         if wspec.throttle in ("duty-cycle", "cpulimit") and (
@@ -333,6 +341,13 @@ def run_pipeline(
     report, ts = build_report(topo, caps, total, duration_s, load_s, source_stats,
                               worker_stats, result, agg_stats,
                               throttling.status if throttling else {}, distinct_input)
+    for w_report, node in zip(report["workers"], nodes, strict=True):
+        w_report["node_id"] = node  # where it ran (placement is checked against this)
+    if throttling is not None:
+        cluster_info["throttlers"] = {node: ("driver" if node not in throttling.remote
+                                             else f"throttle-{node[:8]}")
+                                      for node in throttling._targets}
+    report["cluster"] = cluster_info
     write_run(out_dir, report, ts, result)
     return {**report, "result": {"path": "result.parquet", "rows": result.num_rows}}
 

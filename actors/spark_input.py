@@ -66,6 +66,7 @@ SHARD_BLOCK_ROWS = 65_536
 
 _lock = threading.Lock()
 _session: Any = None
+_session_cpus = 0.0
 
 
 # --------------------------------------------------------------------------- session
@@ -99,14 +100,20 @@ def _install_load_code_fix() -> None:
     raydp_dataset._fetch_arrow_table_from_executor = _fetch_and_reset
 
 
-def start_spark(app_name: str = "hetero-stream", executor_memory: str = "1GB") -> Any:
-    """Start (once per process) a RayDP Spark session: 1 executor, 1 core.
+def start_spark(app_name: str = "hetero-stream", executor_memory: str = "1GB",
+                num_executors: int = 1, executor_cores: int = 1,
+                extra_configs: dict[str, str] | None = None) -> Any:
+    """Start (once per process) a RayDP Spark session (default: 1 executor, 1 core).
 
     Ray must be initialized by the caller (``ray.init``). Returns the existing
     session when already started. Spark logs at WARN/ERROR only and without
-    console progress bars.
+    console progress bars. RayDP starts each executor as a Ray actor holding
+    ``executor_cores`` CPUs, on whichever nodes have them (docs/cluster.md).
+    ``extra_configs``: more Spark settings (e.g. RayDP's
+    ``spark.ray.raydp_spark_executor.actor.resource.<name>`` to pin executors);
+    Java options given there keep the Java 17 ones appended.
     """
-    global _session
+    global _session, _session_cpus
     if not ray.is_initialized():
         raise RuntimeError(
             "start_spark: Ray is not initialized - call ray.init(...) first "
@@ -136,16 +143,24 @@ def start_spark(app_name: str = "hetero-stream", executor_memory: str = "1GB") -
             "spark.sql.execution.arrow.pyspark.enabled": "true",
             "spark.sql.shuffle.partitions": "4",
         }
+        for k, v in (extra_configs or {}).items():
+            configs[k] = f"{v} {JAVA17_OPTIONS}" if k.endswith("extraJavaOptions") else v
         spark = raydp.init_spark(
             app_name=app_name,
-            num_executors=1,
-            executor_cores=1,
+            num_executors=num_executors,
+            executor_cores=executor_cores,
             executor_memory=executor_memory,
             configs=configs,
         )
         spark.sparkContext.setLogLevel("ERROR")
         _session = spark
+        _session_cpus = float(num_executors * executor_cores)
         return spark
+
+
+def session_cpus() -> float:
+    """CPUs the current Spark session's executors hold (0 without a session)."""
+    return _session_cpus if _session is not None else 0.0
 
 
 def stop_spark() -> None:
@@ -205,16 +220,16 @@ def _generated_dataframe(spark: Any, topo: Topology, with_labels: bool) -> Any:
 
 def _read_file(spark: Any, topo: Topology) -> Any:
     fmt = topo.input.format
-    path = topo.input_path()
-    if path is None or not path.exists():
+    path, uri = topo.input_path(), topo.input_uri()
+    if uri is None or (path is not None and not path.exists()):
         raise TopologyError(f"input.path: file not found (got {topo.input.path!r})")
     reader = spark.read
     if fmt == "parquet":
-        return reader.parquet(str(path))
+        return reader.parquet(uri)
     if fmt == "csv":
-        return reader.option("header", "true").option("inferSchema", "false").csv(str(path))
+        return reader.option("header", "true").option("inferSchema", "false").csv(uri)
     if fmt == "json":
-        return reader.json(str(path))
+        return reader.json(uri)
     raise TopologyError(f"input.format: not a file format (got {fmt!r})")
 
 
@@ -377,6 +392,7 @@ __all__ = [
     "JAVA17_OPTIONS",
     "build_dataframe",
     "reference_result",
+    "session_cpus",
     "start_spark",
     "stop_spark",
     "to_ray_shards",

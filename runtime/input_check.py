@@ -49,6 +49,10 @@ def no_rows(path: str | None, what: str = "rows", why: str = "empty dataset") ->
     return TopologyError(f"input.path: no {what} in {path!r} ({why})")
 
 
+class UnreadableInput(TopologyError):
+    """pyarrow cannot parse the file (for JSON, Spark may still: it is laxer)."""
+
+
 def unreadable(fmt: str, path: str | None, err: BaseException) -> TopologyError:
     """``input.path: cannot read 'x' as csv (<the reader's own words>)``."""
     lines = [ln.strip() for ln in str(err).splitlines() if ln.strip()]
@@ -58,7 +62,7 @@ def unreadable(fmt: str, path: str | None, err: BaseException) -> TopologyError:
             text = text.rsplit(marker, 1)[1]
     if len(text) > 160:
         text = text[:157] + "..."
-    return TopologyError(f"input.path: cannot read {path!r} as {fmt} ({text})")
+    return UnreadableInput(f"input.path: cannot read {path!r} as {fmt} ({text})")
 
 
 # --------------------------------------------------------------------------- reading
@@ -104,8 +108,9 @@ def preflight(topo: Topology) -> None:
 
     Checks the file exists and is readable, the key (and, for naive-bayes,
     the label) column exists, and there is at least one row. Reads the schema
-    and the first rows only. JSON's schema is checked by Spark (it reads the
-    whole file to infer it); here only that the file is not empty.
+    and the first rows only. For JSON, whose schema Spark infers from the
+    whole file, a file pyarrow cannot parse is left to Spark, and the columns
+    are those of the first block.
     """
     if topo.input.generated:
         return
@@ -130,7 +135,7 @@ def preflight(topo: Topology) -> None:
             raise no_rows(topo.input.path, why="empty file")
         try:
             names = list(open_dataset(topo).schema.names)
-        except TopologyError:
+        except UnreadableInput:
             return
         for field, col in need:
             if col not in names:

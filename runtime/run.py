@@ -10,6 +10,7 @@ and Ray are shut down on every exit path.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import os
 import signal
@@ -37,6 +38,41 @@ def check_input_columns(topo: Topology) -> None:
         fail(str(e))
 
 
+@dataclasses.dataclass(frozen=True)
+class SparkSizing:
+    """RayDP's Spark executors: how many, cores (Ray CPUs held) and JVM heap each."""
+
+    executors: int = 1
+    cores: int = 1
+    memory: str = "1GB"
+    #: more Spark settings (``--spark-conf KEY=VALUE``)
+    conf: tuple[tuple[str, str], ...] = ()
+
+    @property
+    def cpus(self) -> float:
+        return float(self.executors * self.cores)
+
+
+def _positive_int(field: str, text: str) -> int:
+    try:
+        v = int(text)
+    except ValueError:
+        v = 0
+    if v < 1:
+        fail(f"{field}: must be a whole number >= 1 (got {text!r})")
+    return v
+
+
+def _spark_conf(items: list[str]) -> tuple[tuple[str, str], ...]:
+    out = []
+    for item in items:
+        key, eq, value = item.partition("=")
+        if not eq or not key.strip().startswith("spark."):
+            fail(f"--spark-conf: expected spark.KEY=VALUE (got {item!r})")
+        out.append((key.strip(), value.strip()))
+    return tuple(out)
+
+
 def _sigterm(signum: int, frame: Any) -> None:
     raise KeyboardInterrupt
 
@@ -51,12 +87,24 @@ def _announce(ctx: Any) -> None:
 
 
 @contextlib.contextmanager
-def engine_session(app_name: str, address: str | None = None) -> Iterator[Any]:
+def engine_session(app_name: str, address: str | None = None, *,
+                   topo: Topology | None = None, spark: SparkSizing | None = None,
+                   ) -> Iterator[Any]:
     """Ray (local, or the cluster at ``address``) and a RayDP Spark session;
-    both are shut down on every exit path (SIGTERM included)."""
+    both are shut down on every exit path (SIGTERM included).
+
+    ``topo``: checked against the cluster right after ``ray.init``, before
+    Spark starts (a ``placement`` no node can serve -> ``TopologyError``).
+    ``spark``: the executors RayDP starts (default one executor, 1 core, 1 GB).
+    On an existing cluster nothing here is node-local: actors are named in the
+    run's namespace, other nodes' workers are throttled by a ``ThrottleActor``
+    on their node, and the outputs are written by this driver.
+    """
     import ray
 
-    from actors import spark_input, telemetry
+    from actors import cluster, spark_input, telemetry
+
+    sizing = spark or SparkSizing()
 
     signal.signal(signal.SIGTERM, _sigterm)
     pythonpath = os.pathsep.join(x for x in (str(ROOT), os.environ.get("PYTHONPATH")) if x)
@@ -69,8 +117,13 @@ def engine_session(app_name: str, address: str | None = None) -> Iterator[Any]:
         ctx = ray.init(address=address, runtime_env={"env_vars": {"PYTHONPATH": pythonpath}},
                        logging_level=logging.WARNING, log_to_driver=False,
                        _system_config=system_config or None)
+        if topo is not None:  # before anything else is printed: one line, exit 2
+            cluster.check_placement(topo, spark_cpus=sizing.cpus)
         _announce(ctx)
-        yield spark_input.start_spark(app_name=app_name)
+        yield spark_input.start_spark(app_name=app_name, executor_memory=sizing.memory,
+                                      num_executors=sizing.executors,
+                                      executor_cores=sizing.cores,
+                                      extra_configs=dict(sizing.conf))
     finally:
         try:
             spark_input.stop_spark()
@@ -82,13 +135,31 @@ def engine_session(app_name: str, address: str | None = None) -> Iterator[Any]:
 def main(argv: list[str] | None = None) -> int:
     p = base_parser("runtime.run", "Run a topology on Ray, fed by Spark (RayDP).")
     p.add_argument("--address", default=None,
-                   help="Ray cluster address (default: start a local cluster)")
+                   help="Ray cluster to attach to: HOST:PORT of its head (GCS), or auto "
+                        "(RAY_ADDRESS, else the cluster started on this machine); default: "
+                        "start a local cluster")
+    p.add_argument("--spark-executors", default="1", metavar="N",
+                   help="RayDP Spark executors (default 1)")
+    p.add_argument("--spark-executor-cores", default="1", metavar="N",
+                   help="cores (Ray CPUs) per Spark executor (default 1)")
+    p.add_argument("--spark-executor-memory", default="1GB", metavar="SIZE",
+                   help="JVM heap per Spark executor (default 1GB)")
+    p.add_argument("--spark-conf", action="append", default=[], metavar="KEY=VALUE",
+                   help="a Spark setting, e.g. spark.ray.raydp_spark_executor.actor.resource."
+                        "spark=1 to put executors on nodes with resource 'spark' (repeatable)")
     p.add_argument("--check", action="store_true",
                    help="validate the topology and its input, then exit")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--verify", action="store_true",
+                   help="after the run, compare result.parquet with Spark's own answer on "
+                        "the same (cached) input; report.json gets a 'verify' block and a "
+                        "mismatch exits 1")
     args = p.parse_args(argv)
     topo = load_or_exit(args.topology, args.overrides, check_input=True)
     check_input_columns(topo)
+    sizing = SparkSizing(_positive_int("--spark-executors", args.spark_executors),
+                         _positive_int("--spark-executor-cores", args.spark_executor_cores),
+                         args.spark_executor_memory, _spark_conf(args.spark_conf))
     if args.check:
         what = topo.input.path or f"{topo.input.format} ({topo.input.messages:,} messages)"
         print(f"ok: {topo.name}: {topo.sources} source(s) -> {topo.workers.count} workers, "
@@ -96,13 +167,49 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     out = args.out or default_out_dir(topo.name)
 
-    with engine_session(topo.name, args.address) as spark:
+    with engine_session(topo.name, args.address, topo=topo, spark=sizing) as spark:
         from actors.pipeline import run_pipeline
+        from actors.spark_input import build_dataframe
 
-        report = run_pipeline(topo, out, spark, progress=not args.no_progress)
+        df = build_dataframe(spark, topo).cache() if args.verify else None
+        report = run_pipeline(topo, out, spark, progress=not args.no_progress, df=df)
+        verdict = verify_result(topo, df, Path(out)) if args.verify else None
     print(summary_table(report))
     print(f"\noutputs: {out}")
+    if verdict is not None:
+        print(f"verify: {verdict['message']}")
+        return 0 if verdict["equal"] else 1
     return 0
+
+
+def verify_result(topo: Topology, df: Any, out: Path) -> dict[str, Any]:
+    """Compare ``out/result.parquet`` with Spark's answer on ``df``; add the
+    verdict to ``report.json`` as ``verify``."""
+    import json
+
+    import pyarrow.parquet as pq
+
+    from actors.spark_input import reference_result
+
+    ref = reference_result(df, topo.app.kind, topo.app.top_k)
+    got = pq.read_table(out / "result.parquet")
+    equal = got.num_rows == ref.num_rows and got.equals(ref.cast(got.schema))
+    what = {"wordcount": "groupBy(key).count()", "naive-bayes": "groupBy(key, label).count()",
+            "heavy-hitters": f"exact top {topo.app.top_k}"}[topo.app.kind]
+    verdict: dict[str, Any] = {
+        "against": f"spark {what}", "equal": bool(equal), "rows": got.num_rows,
+        "reference_rows": ref.num_rows,
+        "message": (f"result.parquet equals Spark's {what} ({ref.num_rows:,} rows)" if equal
+                    else f"MISMATCH: result.parquet ({got.num_rows:,} rows) differs from "
+                         f"Spark's {what} ({ref.num_rows:,} rows)"),
+    }
+    path = out / "report.json"
+    report = json.loads(path.read_text())
+    report["verify"] = verdict
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(report, indent=2))
+    os.replace(tmp, path)
+    return verdict
 
 
 if __name__ == "__main__":

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -24,10 +25,14 @@ from pydantic import (
     model_validator,
 )
 
+from runtime.placement import validate_amounts
+
 FILE_FORMATS = ("parquet", "csv", "json")
 GENERATED_FORMATS = ("zipf", "evolving-zipf")
 THROTTLES = ("duty-cycle", "cpulimit", "service")
 APPS = ("wordcount", "naive-bayes", "heavy-hitters")
+#: a URI scheme (``s3a://``, ``hdfs://``, ``file://``): the path is not a local file name
+_URI = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
 
 
 class TopologyError(ValueError):
@@ -277,14 +282,30 @@ class Topology(_Strict):
             kind, _, idx = name.partition("-")
             if kind != "worker" or not idx.isdigit() or int(idx) >= self.workers.count:
                 raise ValueError(f"placement: {name!r} is not a worker of this topology")
+            validate_amounts(name, self.placement[name])
         return self
 
     def input_path(self) -> Path | None:
-        """The input file, resolved relative to the topology file's directory."""
+        """The input file on this machine, resolved relative to the topology
+        file's directory (``file://`` URIs included); ``None`` for generated
+        streams and for remote URIs (``s3a://``, ``hdfs://``, ``gs://``...)."""
         if self.input.path is None:
             return None
+        if _URI.match(self.input.path):
+            if not self.input.path.startswith("file://"):
+                return None
+            return Path(self.input.path.removeprefix("file://"))
         p = Path(os.path.expanduser(self.input.path))
         return p if p.is_absolute() else (Path(self._base_dir) / p)
+
+    def input_uri(self) -> str | None:
+        """What Spark's executors read: a remote URI as given, else the absolute
+        local path. On a cluster a local path must exist on every node that
+        runs an executor (a shared file system, or the same image)."""
+        if self.input.path is None:
+            return None
+        local = self.input_path()
+        return self.input.path if local is None else str(local.resolve())
 
     def grouping_params(self) -> dict[str, Any]:
         return self.grouping.params()

@@ -276,6 +276,8 @@ DATA_CASES = [
      "input.path: file not found (got '{path}')"),
     ("directory-empty", lambda d: (d / "parts").mkdir() or d / "parts", "parquet", "",
      "input.path: no rows in '{path}' (no data files in the directory)"),
+    ("json-directory-empty", lambda d: (d / "parts").mkdir() or d / "parts", "json", "",
+     "input.path: no rows in '{path}' (no data files in the directory)"),
 ]
 
 
