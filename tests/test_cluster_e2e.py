@@ -1,0 +1,140 @@
+"""End to end on a real multi-node Ray cluster started on this machine.
+
+``scripts/local_cluster.py`` starts three raylets on loopback (head: 1 CPU;
+``fast``: 2 CPUs + resource ``fast``; ``slow``: 1 CPU + resource ``slow``) on
+a port of their own - not the session's shared ``ray_spark`` cluster - and
+``python -m runtime.run topologies/cluster-hetero.yaml --address ...`` runs
+against it as a separate driver, with Spark's executor placed by RayDP. The
+test checks that every pinned worker ran on the node its placement asks for
+(``report.json``: each actor's node id), that the slow node's workers were
+throttled by a ThrottleActor on *that* node, and that the word count equals
+Spark's ``groupBy`` (``--verify``); placements the cluster can never serve
+exit 2 with one line, before Spark starts. The cluster is torn down (only its
+own processes) whatever happens.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+import pytest
+
+pytestmark = pytest.mark.e2e
+
+ROOT = Path(__file__).resolve().parent.parent
+TOPOLOGY = "topologies/cluster-hetero.yaml"
+MESSAGES = 60_000
+
+
+def _env() -> dict[str, str]:
+    env = dict(os.environ, RAY_AUTH_MODE="disabled")
+    env.pop("RAY_ADDRESS", None)
+    return env
+
+
+def _free_port() -> int:
+    """A GCS port for our cluster: not listening, no state file of another run."""
+    for port in range(6393, 6400):
+        with socket.socket() as s:
+            if s.connect_ex(("127.0.0.1", port)) == 0:
+                continue
+        if not Path(f"/tmp/hs-ray-{port}/cluster.json").exists():
+            return port
+    pytest.skip("no free port in 6393-6399 for a test cluster")
+
+
+def _cluster(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "scripts/local_cluster.py", *args], cwd=ROOT,
+                          env=_env(), capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    port = _free_port()
+    t0 = time.time()
+    try:
+        p = _cluster("start", "--port", str(port))
+        assert p.returncode == 0, p.stdout + p.stderr
+        state = json.loads(Path(f"/tmp/hs-ray-{port}/cluster.json").read_text())
+        state["start_s"] = time.time() - t0
+        yield state
+    finally:
+        p = _cluster("stop", "--port", str(port), "--grace", "5", "--clean", timeout=90)
+        assert p.returncode == 0, p.stderr
+        left = subprocess.run(["pgrep", "-f", f"/tmp/hs-ray-{port}/"], capture_output=True,
+                              text=True).stdout.split()
+        assert not left, f"processes of the test cluster left running: {left}"
+
+
+def _run(state: dict, out: Path, *extra: str, timeout: float = 240,
+         auto: bool = False) -> subprocess.CompletedProcess[str]:
+    """``runtime.run`` as a separate driver; ``auto``: ``--address auto`` with
+    ``RAY_ADDRESS`` naming our cluster (never the machine's other clusters)."""
+    env = _env()
+    if auto:
+        env["RAY_ADDRESS"] = state["address"]
+    return subprocess.run(
+        [sys.executable, "-m", "runtime.run", TOPOLOGY,
+         "--address", "auto" if auto else state["address"],
+         "--out", str(out), "--no-progress", *extra],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
+
+
+def test_heterogeneous_topology_across_nodes_is_placed_throttled_and_exact(cluster, tmp_path):
+    nodes = {n["name"]: n["node_id"] for n in cluster["nodes"]}
+    assert len(set(nodes.values())) == 3, nodes
+    out = tmp_path / "run"
+    p = _run(cluster, out, "--verify", "--set", f"input.limit={MESSAGES}")
+    assert p.returncode == 0, p.stderr[-4000:]
+    assert "verify: result.parquet equals Spark's groupBy(key).count()" in p.stdout
+    rep = json.loads((out / "report.json").read_text())
+
+    # exact: equal to Spark's groupBy on the same input, and every message counted once
+    assert rep["verify"]["equal"] is True
+    assert rep["messages"]["input"] == rep["messages"]["processed"] == MESSAGES
+    result = pq.read_table(out / "result.parquet")
+    assert pc.sum(result.column("count")).as_py() == MESSAGES
+
+    # placement: worker-0..3 on the fast node, worker-4/5 on the slow node
+    where = {w["id"]: w["node_id"] for w in rep["workers"]}
+    assert [where[i] for i in range(4)] == [nodes["fast"]] * 4, (where, nodes)
+    assert [where[4], where[5]] == [nodes["slow"]] * 2, (where, nodes)
+    assert rep["cluster"]["actors"]["worker-5"] == nodes["slow"]
+    assert {n["node_id"] for n in rep["cluster"]["nodes"]} == set(nodes.values())
+    for name in ("aggregator", "source-0", "source-1"):
+        assert rep["cluster"]["actors"][name] in nodes.values()
+    # Spark's executor is a Ray actor placed by RayDP on one of the nodes
+    assert rep["cluster"]["spark_executors"], rep["cluster"]
+    assert set(rep["cluster"]["spark_executors"].values()) <= set(nodes.values())
+
+    # throttling on another node: a ThrottleActor on the slow node stopped its workers
+    assert rep["cluster"]["throttlers"][nodes["slow"]] == f"throttle-{nodes['slow'][:8]}"
+    slow_status = rep["throttle"][nodes["slow"]]
+    assert sorted(slow_status["capacities"].values()) == [0.3, 0.5]
+    assert slow_status["error"] is None and slow_status["cycles"] > 0
+    assert rep["workers"][4]["stopped_s"] > 0 and rep["workers"][5]["stopped_s"] > 0
+
+
+@pytest.mark.parametrize("override, needle, auto", [
+    ("placement.worker-0.gpu=1", "placement.worker-0: no node of the cluster has resource 'gpu'",
+     True),
+    ("placement.worker-4.slow=200", "placement.worker-4: no single node has {slow: 200}", False),
+])
+def test_impossible_placement_exits_2_with_one_line_before_spark(cluster, tmp_path, override,
+                                                                 needle, auto):
+    t0 = time.time()
+    p = _run(cluster, tmp_path / "bad", "--set", override, timeout=90, auto=auto)
+    assert p.returncode == 2, (p.stdout, p.stderr)
+    err = [ln for ln in p.stderr.strip().splitlines() if ln.startswith("error: ")]
+    assert len(err) == 1 and needle in err[0], p.stderr
+    assert "Traceback" not in p.stderr
+    assert time.time() - t0 < 30  # refused at start, not after a hang
+    assert not (tmp_path / "bad").exists()
