@@ -1,15 +1,23 @@
 """The aggregator actor: merges the workers' periodic partials into the final table.
 
-``AggregatorCore`` wraps the app's aggregator (``runtime.apps``): ``merge``
-partials from any worker in any order, ``result()`` the final table. A plain
-(single-threaded) Ray actor, so merges run one at a time in arrival order.
+``AggregatorCore`` wraps the app's aggregator (``runtime.apps``). Workers'
+flushes arrive through ``commit(flush)``: each is merged *and* recorded in the
+``runtime.reliability.CommitLedger`` in the same call - a flush is committed
+atomically or not at all - in sequence order per worker (an early one waits
+for the gap to fill), duplicates ignored, and nothing more from a worker once
+``fence_worker`` declared it dead. ``merge(partial)`` (no bookkeeping) stays
+for plain partials. A plain (single-threaded) Ray actor, so calls run one at a
+time in arrival order.
 """
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import pyarrow as pa
+
+from runtime.reliability import CommitLedger, Flush, peak_rss_mb
 
 
 class AggregatorCore:
@@ -19,16 +27,64 @@ class AggregatorCore:
         self.app = make_app(app_kind, **app_params)
         self.agg = self.app.new_aggregator()
         self.partials = 0
+        self.ledger = CommitLedger()
+        self._early: dict[int, dict[int, Flush]] = {}  # worker -> seq -> flush
 
     def merge(self, partial: Any) -> None:
+        if isinstance(partial, Flush):
+            self.commit(partial)
+            return
         self.agg.merge(partial)
         self.partials += 1
+
+    def commit(self, flush: Flush) -> tuple[str, int]:
+        """Commit a worker's flush. Returns the verdict - ``"commit"``,
+        ``"duplicate"``, ``"fenced"``, or ``"pending"`` (arrived before an earlier
+        one; committed when that comes) - and the worker's committed sequence."""
+        verdict = self.ledger.admit(flush)
+        if verdict == "gap":
+            self._early.setdefault(flush.worker, {})[flush.seq] = flush
+            verdict = "pending"
+        elif verdict == "commit":
+            self._apply(flush)
+            early = self._early.get(flush.worker, {})
+            nxt = early.pop(flush.seq + 1, None)
+            while nxt is not None:
+                self._apply(nxt)
+                nxt = early.pop(nxt.seq + 1, None)
+        return verdict, self.ledger.committed_seq.get(flush.worker, 0)
+
+    def _apply(self, flush: Flush) -> None:
+        self.agg.merge(flush.partial)
+        self.partials += 1
+        self.ledger.record(flush)
+
+    def fence_worker(self, worker: int) -> int:
+        """Declare ``worker`` dead; its final committed flush sequence."""
+        self._early.pop(int(worker), None)
+        return self.ledger.fence_worker(worker)
+
+    def committed_claims(self, source: int) -> dict[str, Any]:
+        return self.ledger.claims_of(source)
+
+    def committed_seq(self, worker: int) -> int:
+        return self.ledger.committed_seq.get(int(worker), 0)
+
+    def pid(self) -> int:
+        return os.getpid()
+
+    def node_id(self) -> str:
+        import ray
+
+        return ray.get_runtime_context().get_node_id()
 
     def result(self) -> pa.Table:
         return self.agg.result()
 
     def stats(self) -> dict[str, Any]:
-        return {"partials": self.partials}
+        return {"partials": self.partials, **self.ledger.stats(),
+                "early_flushes": sum(len(v) for v in self._early.values()),
+                "peak_rss_mb": peak_rss_mb()}
 
 
 def actor_class() -> Any:

@@ -36,6 +36,7 @@ import pandas as pd
 import ray
 
 from actors import aggregator as aggregator_mod
+from actors import faults as faults_mod
 from actors import cluster as cluster_mod
 from actors import source as source_mod
 from actors import telemetry
@@ -229,9 +230,6 @@ def run_pipeline(
     say(f"[{topo.name}] input ready: {total:,} messages in {topo.sources} shard(s), "
         f"{load_s:.1f} s; actors in Ray namespace {namespace}")
 
-    if topo.faults:
-        say(f"[{topo.name}] warning: faults are not injected by the Ray engine yet "
-            f"({len(topo.faults)} ignored)")
     try:
         app_params = _app_params(topo)
         label = "label" if topo.app.kind == "naive-bayes" else None
@@ -264,17 +262,21 @@ def run_pipeline(
         nodes = ray.get([w.node_id.remote() for w in workers])
 
         Source = source_mod.actor_class()
-        sources = []
-        for s in range(topo.sources):
-            src = Source.options(name=f"source-{s}", namespace=namespace, num_cpus=0,
-                                 max_concurrency=2).remote(
+
+        def make_source(s: int, epoch: int = 0, dead: list[int] | None = None) -> Any:
+            """Source ``s`` (``epoch`` > 0: a restart after it died, see actors.faults)."""
+            src = Source.options(name=f"source-{s}" + (f".{epoch}" if epoch else ""),
+                                 namespace=namespace, num_cpus=0, max_concurrency=4).remote(
                 s, shards[s], workers, topo.grouping.scheme, n, run.seed + s,
                 topo.grouping_params(), batch=run.batch, max_inflight=run.max_inflight,
                 rate_per_source=run.rate / topo.sources, key="key", label=label,
-                vw_every_s=run.slot_s)
-            sources.append(src)
+                vw_every_s=run.slot_s, aggregator=agg, epoch=epoch, dead_workers=dead or [])
             actors.append(src)
+            return src
+
+        sources = [make_source(s) for s in range(topo.sources)]
         ray.get([s.progress.remote() for s in sources])  # constructed (grouping compiled)
+        faults = faults_mod.FaultManager(topo, workers, sources, agg, make_source, say)
         cluster_info = cluster_mod.cluster_summary(
             {"aggregator": agg, **{f"worker-{i}": w for i, w in enumerate(workers)},
              **{f"source-{i}": s for i, s in enumerate(sources)}})
@@ -293,31 +295,31 @@ def run_pipeline(
         ray.get([w.start_run.remote(t0, namespace) for w in workers])
         if throttling is not None:
             throttling.start(t0)
-        runs = [s.run.remote(t0, namespace) for s in sources]
+        faults.start(t0, namespace)  # the sources' runs (restarted ones replace theirs)
         # every worker learns its capacity changes (its live metrics show them); in
         # service mode that is also how the change is applied
         pending_changes = sorted(changes)
         next_imb = 0.0
         imb: float | None = None
         while True:
-            ready, _ = ray.wait(runs, num_returns=len(runs), timeout=POLL_S)
+            ray.wait(faults.runs, num_returns=len(faults.runs), timeout=POLL_S)
+            faults.poll()  # inject due faults, detect deaths, restart sources
             now_s = time.time() - t0
             while pending_changes and pending_changes[0][0] <= now_s:
                 _, w, c = pending_changes.pop(0)
                 workers[w].set_capacity.remote(c)
             if throttling is not None:
                 throttling.check()
-            done = sum(p["acked"] for p in ray.get([s.progress.remote() for s in sources]))
+            done = faults.acked()
             if now_s >= next_imb:
                 next_imb = now_s + 1.0
-                utils = [p["utilization"] for p in ray.get([w.progress.remote()
-                                                            for w in workers])]
+                utils = faults.utilizations()
                 imb = float(max(utils) - np.mean(utils))
             bar.update(done, imb)
             live.update(done, imb)
-            if len(ready) == len(runs):
+            if faults.finished():
                 break
-        source_stats = ray.get(runs)
+        source_stats = ray.get(faults.runs)
         # the last ack, not when this loop noticed it (sources' clock: time.time)
         duration_s = max(max(s["end_ts"] for s in source_stats) - t0, 1e-9)
         bar.update(sum(s["acked"] for s in source_stats), imb)
@@ -325,7 +327,7 @@ def run_pipeline(
         bar.close()
         if throttling is not None:  # stopped workers cannot flush
             throttling.stop()
-        worker_stats = ray.get([w.finish.remote() for w in workers])
+        worker_stats = faults.finish_workers()  # a dead worker's from the aggregator
         result = ray.get(agg.result.remote())
         agg_stats = ray.get(agg.stats.remote())
     finally:
@@ -348,6 +350,7 @@ def run_pipeline(
                                              else f"throttle-{node[:8]}")
                                       for node in throttling._targets}
     report["cluster"] = cluster_info
+    faults.annotate(report, source_stats, worker_stats, agg_stats)  # failures, peak RSS
     write_run(out_dir, report, ts, result)
     return {**report, "result": {"path": "result.parquet", "rows": result.num_rows}}
 

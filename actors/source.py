@@ -22,6 +22,18 @@ batch was due: its scheduled time when paced (a source that falls behind or
 is blocked by backpressure does not hide that time: no coordinated
 omission), or when the source took it from its shard at ``rate = 0``.
 
+Reliability (``runtime.reliability``, docs/reliability.md): batches are
+numbered in shard order; every routed sub-batch is kept in a ``ReplayLog``
+until the worker flush holding it is committed. When a worker dies (a send
+fails with ``WorkerLost``, or the driver calls ``notify_worker_failed``) the
+source fences it at the aggregator (``control.fence_worker`` -> its final
+committed flush), removes it from the grouping and re-routes to live workers
+exactly the sub-batches that flush does not cover. At the end of the stream it
+asks the workers it still holds data for to commit (``control.commit``), so
+when ``run`` returns nothing of this source is uncommitted. A restarted
+source (``epoch`` > 0) resumes with a ``ResumePlan``: it skips what is
+committed or processed and re-sends only the rest.
+
 ``SourceActor`` at the bottom is the Ray edge (``source-<i>``): a threaded
 actor so that ``progress()`` answers while ``run()`` is streaming.
 """
@@ -29,6 +41,7 @@ actor so that ``progress()`` answers while ``run()`` is streaming.
 from __future__ import annotations
 
 import collections
+import os
 import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -38,19 +51,47 @@ import numpy as np
 import pyarrow as pa
 
 from runtime.hashing import hash_keys
+from runtime.reliability import (
+    IDX_DTYPE,
+    Entry,
+    ReplayLog,
+    ResumePlan,
+    Tag,
+    WorkerLost,
+    peak_rss_mb,
+)
 
 Clock = Callable[[], float]
+
+#: longest a source blocks on acks before looking at failure notices again
+WAIT_SLICE_S = 0.25
+
+
+class SourceFenced(RuntimeError):
+    """A newer incarnation of this source exists: this one must stop."""
 
 
 class Transport(Protocol):
     """How a source talks to workers (Ray object refs, or direct calls in tests)."""
 
     def send(self, worker: int, keys: pa.Array, labels: np.ndarray | None,
-             emit_ts: float) -> Any:
+             emit_ts: float, tag: Tag | None = None) -> Any:
         """Start processing a sub-batch; returns a token for ``wait``."""
 
-    def wait(self, tokens: Sequence[Any], timeout: float | None) -> list[tuple[Any, dict]]:
-        """Some finished tokens with their acks (at least one unless ``timeout`` expires)."""
+    def wait(self, tokens: Sequence[Any], timeout: float | None) -> list[tuple[Any, Any]]:
+        """Some finished tokens with their acks - or a ``WorkerLost`` instead of the
+        ack when the worker died (at least one unless ``timeout`` expires)."""
+
+
+class Control(Protocol):
+    """Failure handling calls (the aggregator and workers; direct calls in tests)."""
+
+    def fence_worker(self, worker: int) -> int:
+        """Declare ``worker`` dead at the aggregator; its final committed flush."""
+
+    def commit(self, workers: Sequence[int]) -> dict[int, Any]:
+        """Make each worker flush and wait for the commit: worker -> committed
+        flush sequence, or a ``WorkerLost``."""
 
 
 def keys_of(table: pa.Table, key: str) -> pa.Array:
@@ -83,6 +124,9 @@ class SourceCore:
         clock: Clock = time.time,
         sleep: Callable[[float], None] = time.sleep,
         t0: float | None = None,
+        control: Control | None = None,
+        epoch: int = 0,
+        dead_workers: Iterable[int] = (),
     ) -> None:
         self.index = int(index)
         self.grouping = grouping
@@ -105,7 +149,7 @@ class SourceCore:
         self.sent_per_worker = np.zeros(self.n_workers, dtype=np.int64)
         self.acked_per_worker = np.zeros(self.n_workers, dtype=np.int64)
         self.lat_sum_s = 0.0
-        self._inflight: dict[Any, int] = {}  # token -> worker
+        self._inflight: dict[Any, Entry] = {}  # token -> retained sub-batch
         self._inflight_per_worker = np.zeros(self.n_workers, dtype=np.int64)
         self.vw_every_s = float(vw_every_s)
         self.vw_history: list[tuple[float, list[int]]] = []
@@ -113,25 +157,115 @@ class SourceCore:
         self.route_s = 0.0
         self.wait_s = 0.0
         self.done = False
+        # -- reliability
+        self.control = control
+        self.epoch = int(epoch)
+        self.log = ReplayLog()
+        self.next_batch = 0  # sequence number of the next batch of the shard
+        self.live = set(range(self.n_workers)) - {int(w) for w in dead_workers}
+        for w in sorted(set(range(self.n_workers)) - self.live):
+            self.grouping.remove_worker(w)
+        self._notices: set[int] = set()
+        self._notice_lock = threading.Lock()
+        self.failures: list[dict[str, Any]] = []  # per worker death handled here
+        self._replaying: dict[int, set[int]] = {}  # failure index -> ids of replayed entries
+        self.resume: dict[str, Any] | None = None  # what a restart skipped / re-sent
+        self.acks_done_ts: float | None = None  # the stream's last ack (before commits)
+        self.retained_peak = 0  # most messages held in the replay log at once
 
     # ------------------------------------------------------------------ acks
-    def _handle(self, done: list[tuple[Any, dict]]) -> None:
+    def _handle(self, done: list[tuple[Any, Any]]) -> None:
         for token, ack in done:
-            w = self._inflight.pop(token)
+            entry = self._inflight.pop(token, None)
+            if entry is None:  # its worker was declared dead meanwhile
+                continue
+            w = entry.worker
             self._inflight_per_worker[w] -= 1
+            if isinstance(ack, BaseException):
+                if not isinstance(ack, WorkerLost):
+                    raise ack
+                self._inflight[token] = entry  # handled with the worker's other entries
+                self._inflight_per_worker[w] += 1
+                self._worker_lost(w, str(ack))
+                continue
+            if ack.get("rejected"):
+                raise SourceFenced(f"source-{self.index} epoch {self.epoch} was fenced off")
             n = int(ack["acked"])
             self.acked += n
             self.acked_per_worker[w] += n
             self.lat_sum_s += float(ack.get("lat_sum_s", 0.0))
+            if "flush_seq" in ack:
+                self.log.acked(entry, int(ack["flush_seq"]), int(ack["committed_seq"]))
+            if entry.replay:
+                self._replay_acked(entry)
             self.grouping.on_ack(int(ack["worker"]), int(ack.get("signal", 0)), n)
         self._record_vw()
 
     def _wait_some(self, timeout: float | None = None) -> None:
+        self._check_notices()
         if not self._inflight:
             return
         t = self.clock()
-        self._handle(self.transport.wait(list(self._inflight), timeout))
+        slice_s = WAIT_SLICE_S if timeout is None else timeout
+        self._handle(self.transport.wait(list(self._inflight), slice_s))
         self.wait_s += self.clock() - t
+        self._check_notices()
+
+    # ------------------------------------------------------------------ failures
+    def notify_worker_failed(self, worker: int) -> None:
+        """Thread-safe: the driver saw ``worker`` die; handled by the streaming thread."""
+        with self._notice_lock:
+            self._notices.add(int(worker))
+
+    def _check_notices(self) -> None:
+        if not self._notices:
+            return
+        with self._notice_lock:
+            dead, self._notices = sorted(self._notices), set()
+        for w in dead:
+            self._worker_lost(w, "notified")
+
+    def _worker_lost(self, w: int, cause: str = "") -> None:
+        """Fence ``w``, stop routing to it, re-route what its committed flushes miss."""
+        if w not in self.live:
+            return
+        if len(self.live) == 1:
+            raise RuntimeError(f"source-{self.index}: the last live worker ({w}) died: {cause}")
+        detected = self.clock()
+        committed = self.control.fence_worker(w) if self.control is not None else 0
+        self.live.discard(w)
+        self.grouping.remove_worker(w)
+        for token in [t for t, e in self._inflight.items() if e.worker == w]:
+            del self._inflight[token]
+        self._inflight_per_worker[w] = 0
+        self._outbox[w].clear()
+        lost = self.log.take(w, committed)
+        acked_before = sum(len(e.idx) for e in lost if e.flush_seq is not None)
+        self.acked -= acked_before  # they will be acked again by their new workers
+        self.acked_per_worker[w] -= acked_before
+        replayed: set[int] = set()
+        for e in lost:
+            for new in self._route_entries(e.batch, e.idx, e.keys, e.labels, e.emit_ts,
+                                           replay=True):
+                replayed.add(id(new))
+        self.failures.append({
+            "worker": w, "cause": cause, "detected_ts": detected, "committed_seq": committed,
+            "replayed_batches": len({e.batch for e in lost}),
+            "replayed_subbatches": len(lost),
+            "replayed_messages": int(sum(len(e.idx) for e in lost)),
+            "replayed_after_ack": int(acked_before),
+            "recovered_ts": None if replayed else self.clock(),
+        })
+        if replayed:
+            self._replaying[len(self.failures) - 1] = replayed
+        self._flush()
+
+    def _replay_acked(self, entry: Entry) -> None:
+        for i, pending in list(self._replaying.items()):
+            pending.discard(id(entry))
+            if not pending:
+                self.failures[i]["recovered_ts"] = self.clock()
+                del self._replaying[i]
 
     def _record_vw(self, force: bool = False) -> None:
         per = getattr(self.grouping, "vw_per_worker", None)
@@ -143,12 +277,36 @@ class SourceCore:
             self.vw_history.append((now - self.t0, [int(x) for x in per()]))
 
     # ------------------------------------------------------------------ main loop
-    def send_batch(self, table: pa.Table, emit_ts: float | None = None) -> None:
+    def _route_entries(self, batch: int, pos: np.ndarray, keys: pa.Array,
+                       labels: np.ndarray | None, emit: float,
+                       replay: bool = False) -> list[Entry]:
+        """Route messages ``pos`` of batch ``batch`` (``keys`` / ``labels`` in the
+        same order); queue one retained ``Entry`` per destination worker."""
+        dest = np.asarray(self.grouping.route(hash_arrow_keys(keys)), dtype=np.int64)
+        order = np.argsort(dest, kind="stable")
+        counts = np.bincount(dest, minlength=self.n_workers)
+        bounds = np.concatenate([[0], np.cumsum(counts)])
+        out = []
+        for w in np.flatnonzero(counts):
+            sel = order[bounds[w]:bounds[w + 1]]
+            e = self.log.add(Entry(int(w), batch, pos[sel], keys.take(pa.array(sel)),
+                                   labels[sel] if labels is not None else None, emit,
+                                   replay=replay))
+            self._outbox[w].append(e)
+            self.sent_per_worker[w] += len(sel)
+            out.append(e)
+        self.retained_peak = max(self.retained_peak, self.log.messages)
+        return out
+
+    def send_batch(self, table: pa.Table, emit_ts: float | None = None, *,
+                   batch: int | None = None, idx: np.ndarray | None = None) -> None:
         """Route one micro-batch, queue its per-worker sub-batches in the
         workers' outboxes and send what the in-flight windows allow.
 
         ``emit_ts``: when the batch was due (its messages' latency starts
-        there); default now. Time spent in an outbox is latency.
+        there); default now. Time spent in an outbox is latency. ``batch``:
+        its sequence number (default: the next one); ``idx``: the positions of
+        ``table``'s rows in that batch (default: all, in order).
         """
         t = self.clock()
         emit = t if emit_ts is None else emit_ts
@@ -159,16 +317,12 @@ class SourceCore:
         labels = None
         if self.label is not None:
             labels = np.asarray(table.column(self.label).to_numpy(), dtype=np.int64)
-        dest = np.asarray(self.grouping.route(hash_arrow_keys(keys)), dtype=np.int64)
-        order = np.argsort(dest, kind="stable")
-        counts = np.bincount(dest, minlength=self.n_workers)
-        bounds = np.concatenate([[0], np.cumsum(counts)])
+        if batch is None:
+            batch = self.next_batch
+            self.next_batch += 1
+        pos = np.arange(n, dtype=IDX_DTYPE) if idx is None else np.asarray(idx, IDX_DTYPE)
+        self._route_entries(batch, pos, keys, labels, emit)
         self.route_s += self.clock() - t
-        for w in np.flatnonzero(counts):
-            idx = order[bounds[w]:bounds[w + 1]]
-            self._outbox[w].append((keys.take(pa.array(idx)),
-                                    labels[idx] if labels is not None else None, emit))
-            self.sent_per_worker[w] += len(idx)
         self.routed += n
         self.batches += 1
         self._flush()
@@ -184,35 +338,93 @@ class SourceCore:
 
     def _flush(self) -> None:
         """Send queued sub-batches, oldest first, while the windows allow."""
+        watermark = self.log.watermark(self.next_batch)
         for w, q in enumerate(self._outbox):
             while q and self._inflight_per_worker[w] < self.max_inflight:
-                sub_keys, sub_labels, emit = q.popleft()
-                token = self.transport.send(w, sub_keys, sub_labels, emit)
-                self._inflight[token] = w
+                e = q.popleft()
+                tag = Tag(self.index, self.epoch, e.batch, e.idx, watermark)
+                token = self.transport.send(w, e.keys, e.labels, e.emit_ts, tag=tag)
+                self._inflight[token] = e
                 self._inflight_per_worker[w] += 1
 
-    def run(self, batches: Iterable[pa.Table]) -> dict[str, Any]:
+    def run(self, batches: Iterable[pa.Table], plan: ResumePlan | None = None) -> dict[str, Any]:
+        """Stream ``batches`` (the shard from its start); ``plan``: a restarted
+        source's resume plan (batches before ``plan.start_batch`` are skipped)."""
         start = self.clock()
         if self.t0 is None:
             self.t0 = start
         self._record_vw(force=True)
-        for table in batches:
-            # paced: the batch was due at its scheduled time, even if we are late
-            self.send_batch(table, start + self.routed / self.rate if self.rate > 0 else None)
+        resume: dict[str, Any] = {}
+        if plan is not None:
+            self.resume = resume = {"start_batch": plan.start_batch, "skipped_batches": 0,
+                           "reread_batches": 0,
+                           "skipped_messages": 0, "resent_messages": 0, "retained": 0}
+        for b, table in enumerate(batches):
+            self._check_notices()
+            due = start + self.routed / self.rate if self.rate > 0 else None
+            if plan is not None and b <= plan.last_claimed_batch:
+                if b < plan.start_batch:
+                    resume["skipped_batches"] += 1
+                    self.next_batch = b + 1
+                    continue
+                self._resume_batch(plan, b, table, due, resume)
+            else:
+                # paced: the batch was due at its scheduled time, even if we are late
+                self.send_batch(table, due, batch=b)
+            self.next_batch = b + 1
             if self.rate > 0:
                 ahead = start + self.routed / self.rate - self.clock()
                 if ahead > 0:
                     self.sleep(ahead)
-        while self._inflight or any(self._outbox):
-            self._wait_some()
-            self._flush()
+        self.drain()
         self._record_vw(force=True)
         self.done = True
         return self.stats(start)
 
+    def _resume_batch(self, plan: ResumePlan, b: int, table: pa.Table,
+                      due: float | None, resume: dict[str, Any]) -> None:
+        """A batch a dead incarnation may have sent: keep what live workers hold
+        uncommitted (so a later worker death replays it), send only the rest."""
+        n = table.num_rows
+        todo, retain = plan.split(b, n)
+        resume["reread_batches"] += 1
+        keys = keys_of(table, self.key)
+        labels = (np.asarray(table.column(self.label).to_numpy(), dtype=np.int64)
+                  if self.label is not None else None)
+        emit = self.clock() if due is None else due
+        for w, idx, seq in retain:
+            if w in self.live:
+                self.log.add(Entry(w, b, idx, keys.take(pa.array(idx)),
+                                   labels[idx] if labels is not None else None, emit,
+                                   flush_seq=seq, replay=True))
+                resume["retained"] += len(idx)
+        resume["skipped_messages"] += n - len(todo)
+        resume["resent_messages"] += len(todo)
+        if len(todo):
+            self.send_batch(table.take(pa.array(todo)), due, batch=b, idx=todo)
+
+    def drain(self) -> None:
+        """End of stream: wait for every ack, then until every sub-batch this
+        source sent is committed (replaying for workers that die meanwhile)."""
+        while True:
+            while self._inflight or any(self._outbox):
+                self._wait_some()
+                self._flush()
+            if self.acks_done_ts is None:
+                self.acks_done_ts = self.clock()
+            if self.control is None or not len(self.log):
+                return
+            for w, r in self.control.commit(self.log.pending_workers()).items():
+                if isinstance(r, WorkerLost):
+                    self._worker_lost(w, str(r))
+                else:
+                    self.log.committed(w, int(r))
+            self._check_notices()
+
     def progress(self) -> dict[str, Any]:
         return {"source": self.index, "routed": self.routed, "acked": self.acked,
-                "done": self.done}
+                "done": self.done, "epoch": self.epoch, "retained": self.log.messages,
+                "failures": len(self.failures)}
 
     def stats(self, start: float | None = None) -> dict[str, Any]:
         g = self.grouping.stats()
@@ -228,8 +440,14 @@ class SourceCore:
             "route_s": self.route_s,
             "wait_s": self.wait_s,
             "elapsed_s": (self.clock() - start) if start is not None else None,
-            "end_ts": self.clock(),
+            "end_ts": self.acks_done_ts if self.acks_done_ts is not None else self.clock(),
+            "committed_ts": self.clock(),
             "vw_history": self.vw_history,
+            "epoch": self.epoch,
+            "failures": self.failures,
+            "resume": self.resume,
+            "live_workers": sorted(self.live),
+            "retained_peak_messages": self.retained_peak,
         }
 
 
@@ -237,7 +455,8 @@ class SourceCore:
 
 
 class RayTransport:
-    """Sub-batches as ``worker.process.remote`` calls; acks through ``ray.wait``."""
+    """Sub-batches as ``worker.process.remote`` calls; acks through ``ray.wait``.
+    A call that fails because its worker actor died yields a ``WorkerLost``."""
 
     def __init__(self, source: int, workers: Sequence[Any]) -> None:
         import ray
@@ -245,40 +464,104 @@ class RayTransport:
         self._ray = ray
         self.source = source
         self.workers = list(workers)
+        self._worker_of: dict[Any, int] = {}
 
     def send(self, worker: int, keys: pa.Array, labels: np.ndarray | None,
-             emit_ts: float) -> Any:
-        return self.workers[worker].process.remote(self.source, keys, labels, emit_ts)
+             emit_ts: float, tag: Tag | None = None) -> Any:
+        ref = self.workers[worker].process.remote(self.source, keys, labels, emit_ts, tag)
+        self._worker_of[ref] = worker
+        return ref
 
-    def wait(self, tokens: Sequence[Any], timeout: float | None) -> list[tuple[Any, dict]]:
+    def wait(self, tokens: Sequence[Any], timeout: float | None) -> list[tuple[Any, Any]]:
         ready, _ = self._ray.wait(list(tokens), num_returns=1, timeout=timeout)
         if ready:  # take every ack already available, not just the first
             more, _ = self._ray.wait(list(tokens), num_returns=len(tokens), timeout=0)
             ready = list({r: None for r in [*ready, *more]})
-        acks = self._ray.get(ready)
+        try:
+            acks: list[Any] = self._ray.get(ready)
+        except self._ray.exceptions.RayActorError:
+            acks = [self._get_one(r) for r in ready]
+        for r in ready:
+            self._worker_of.pop(r, None)
         return list(zip(ready, acks, strict=True))
+
+    def _get_one(self, ref: Any) -> Any:
+        try:
+            return self._ray.get(ref)
+        except self._ray.exceptions.RayActorError as e:
+            return WorkerLost(self._worker_of.get(ref, -1), type(e).__name__)
+
+
+class RayControl:
+    """``Control`` over Ray: the aggregator's fence, the workers' ``commit_now``."""
+
+    def __init__(self, aggregator: Any, workers: Sequence[Any]) -> None:
+        import ray
+
+        self._ray = ray
+        self.aggregator = aggregator
+        self.workers = list(workers)
+
+    def fence_worker(self, worker: int) -> int:
+        return int(self._ray.get(self.aggregator.fence_worker.remote(worker)))
+
+    def commit(self, workers: Sequence[int]) -> dict[int, Any]:
+        refs = {w: self.workers[w].commit_now.remote() for w in workers}
+        out: dict[int, Any] = {}
+        for w, ref in refs.items():
+            try:
+                out[w] = int(self._ray.get(ref))
+            except self._ray.exceptions.RayActorError as e:
+                out[w] = WorkerLost(w, type(e).__name__)
+        return out
+
+    def fence_source(self, source: int, epoch: int, live: Iterable[int]) -> ResumePlan:
+        """Fence ``source``'s older incarnations on every live worker and plan the resume."""
+        from runtime.reliability import resume_plan
+
+        refs = {w: self.workers[w].fence_source.remote(source, epoch) for w in live}
+        fences = {}
+        for w, ref in refs.items():
+            try:
+                fences[w] = self._ray.get(ref)
+            except self._ray.exceptions.RayActorError:
+                continue  # died meanwhile: its claims died with it (uncommitted)
+        committed = self._ray.get(self.aggregator.committed_claims.remote(source))
+        return resume_plan(fences, committed)
 
 
 class SourceActor:
-    """Ray edge around ``SourceCore`` (threaded: ``progress`` answers during ``run``)."""
+    """Ray edge around ``SourceCore`` (threaded: ``progress`` answers during ``run``).
+
+    ``epoch`` > 0: a restart of a dead source; ``run`` first fences the dead
+    incarnation on the workers and resumes from its committed position.
+    """
 
     def __init__(self, index: int, shard: Any, workers: Sequence[Any], scheme: str,
                  n_workers: int, seed: int, grouping_params: dict[str, Any], *,
                  batch: int, max_inflight: int, rate_per_source: float, key: str,
-                 label: str | None, vw_every_s: float = 0.5) -> None:
+                 label: str | None, vw_every_s: float = 0.5, aggregator: Any = None,
+                 epoch: int = 0, dead_workers: Sequence[int] = ()) -> None:
         from runtime.grouping import make_grouping
 
         self.shard = shard
         self.batch = int(batch)
         grouping = make_grouping(scheme, n_workers, seed=seed, clock=time.monotonic,
                                  **grouping_params)
+        self.control = RayControl(aggregator, workers) if aggregator is not None else None
         self.core = SourceCore(index, grouping, RayTransport(index, workers),
                                n_workers=n_workers, max_inflight=max_inflight,
                                rate_per_source=rate_per_source, key=key, label=label,
-                               vw_every_s=vw_every_s)
+                               vw_every_s=vw_every_s, control=self.control, epoch=epoch,
+                               dead_workers=dead_workers)
         self._lock = threading.Lock()
 
     def _batches(self) -> Iterable[pa.Table]:
+        """The shard in order, in batches of ``batch`` rows: the same boundaries
+        on every pass, which a restarted source relies on (batch numbers)."""
+        import ray
+
+        ray.data.DataContext.get_current().execution_options.preserve_order = True
         cols = [self.core.key] + ([self.core.label] if self.core.label else [])
         for b in self.shard.iter_batches(batch_size=self.batch, batch_format="pyarrow"):
             yield b.select(cols) if isinstance(b, pa.Table) else pa.table(b).select(cols)
@@ -287,11 +570,35 @@ class SourceActor:
         """``run_id``: the run's name in live metrics (the driver passes its namespace)."""
         with self._lock:
             self.core.t0 = t0
+            plan = None
+            started = time.time()
+            if self.core.epoch > 0 and self.control is not None:
+                plan = self.control.fence_source(self.core.index, self.core.epoch,
+                                                 sorted(self.core.live))
+            self.resumed_ts = time.time()
             with _LiveMetrics(self.core, run_id):
-                return self.core.run(self._batches())
+                stats = self.core.run(self._batches(), plan)
+            stats["started_ts"] = started
+            stats["resumed_ts"] = self.resumed_ts
+            stats["peak_rss_mb"] = peak_rss_mb()
+            return stats
 
     def progress(self) -> dict[str, Any]:
         return self.core.progress()
+
+    def worker_failed(self, worker: int) -> None:
+        self.core.notify_worker_failed(worker)
+
+    def pid(self) -> int:
+        return os.getpid()
+
+    def node_id(self) -> str:
+        import ray
+
+        return ray.get_runtime_context().get_node_id()
+
+    def peak_rss_mb(self) -> float | None:
+        return peak_rss_mb()
 
 
 def actor_class() -> Any:

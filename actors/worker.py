@@ -22,7 +22,14 @@
   utilization, so each source gets at most one signal per slot, on its next ack.
 - Per-slot time series (``run.slot_s``): processed, mean queue length (msgs
   and batches), utilization, busy fraction, latency histogram.
-- Every ``app.aggregate_every_s`` the app's partial (a delta) goes to ``sink``.
+- Every ``app.aggregate_every_s`` the app's partial (a delta) goes to ``sink``
+  as a ``runtime.reliability.Flush``: sequence number, the claims
+  ``(source, batch, idx)`` it covers and the sources' watermarks. A sub-batch's
+  ack names the flush that holds it (``flush_seq``) and the latest flush the
+  aggregator committed (``committed_seq``): sources keep what they sent until
+  it is committed and replay it if this worker dies (docs/reliability.md).
+  ``fence_source(source, epoch)`` (a source restarted) rejects the dead
+  incarnation's queued sub-batches and returns what was processed of it.
 
 ``WorkerActor`` at the bottom is the Ray edge (``ray.remote`` applied by
 ``actor_class()``), named ``worker-<i>``.
@@ -42,6 +49,7 @@ from typing import Any
 import numpy as np
 
 from runtime.latency import LatencyHistogram
+from runtime.reliability import ClaimLog, Flush, Tag, peak_rss_mb
 from runtime.service import ServiceEmulator
 from runtime.signals import LoadSignaler
 
@@ -62,6 +70,7 @@ class _Item:
     labels: Any
     emit_ts: float
     n: int
+    tag: Tag | None = None
     done: threading.Event = field(default_factory=threading.Event)
     ack: dict[str, Any] | None = None
     error: BaseException | None = None
@@ -112,7 +121,7 @@ class WorkerCore:
         slot_s: float = 0.5,
         signals: SignalSettings | None = None,
         aggregate_every_s: float = 1.0,
-        sink: Callable[[Any], None] | None = None,
+        sink: Callable[[Flush], None] | None = None,
         t0: float | None = None,
         clock: Clock = time.time,
         sleep: Callable[[float], None] = time.sleep,
@@ -143,6 +152,11 @@ class WorkerCore:
         self._last_t = self._rel(clock())
         self._last_flush = clock()
         self._stop = threading.Event()
+        #: held while a batch is applied to the app state and while flushing, so
+        #: claims, state and flushes stay consistent for ``fence_source``
+        self._proc_lock = threading.RLock()
+        self.claims = ClaimLog()
+        self._committed = threading.Condition()
 
     # ------------------------------------------------------------------ time base
     def _rel(self, t: float) -> float:
@@ -177,18 +191,20 @@ class WorkerCore:
             self.slots = _Slots(self.slots.slot_s)
 
     # ------------------------------------------------------------------ input side
-    def submit(self, source: int, keys: Any, labels: Any, emit_ts: float) -> dict[str, Any]:
+    def submit(self, source: int, keys: Any, labels: Any, emit_ts: float,
+               tag: Tag | None = None) -> dict[str, Any]:
         """Enqueue a sub-batch and block until it is processed; returns its ack."""
-        item = self.enqueue(source, keys, labels, emit_ts)
+        item = self.enqueue(source, keys, labels, emit_ts, tag)
         item.done.wait()
         if item.error is not None:
             raise item.error
         assert item.ack is not None
         return item.ack
 
-    def enqueue(self, source: int, keys: Any, labels: Any, emit_ts: float) -> _Item:
+    def enqueue(self, source: int, keys: Any, labels: Any, emit_ts: float,
+                tag: Tag | None = None) -> _Item:
         n = len(keys)
-        item = _Item(int(source), keys, labels, float(emit_ts), n)
+        item = _Item(int(source), keys, labels, float(emit_ts), n, tag)
         if self.signal_settings is not None and item.source not in self._signalers:
             with self._lock:
                 if item.source not in self._signalers:
@@ -221,10 +237,50 @@ class WorkerCore:
         self.maybe_flush()
         return True
 
+    def _reject(self, item: _Item) -> None:
+        """A fenced-off (dead) source incarnation's sub-batch: not processed."""
+        self._changed(-1, -item.n)
+        item.ack = {"worker": self.worker_id, "acked": 0, "signal": 0, "lat_sum_s": 0.0,
+                    "lat_max_s": 0.0, "done_ts": self.clock(), "rejected": True,
+                    "flush_seq": self.claims.open_seq, "committed_seq": self.claims.committed_seq}
+        item.keys = item.labels = None
+        item.done.set()
+
+    def _dedup(self, item: _Item) -> None:
+        """Drop messages of ``item`` this worker already processed (same source,
+        batch and index): a replay can never count them twice here."""
+        tag = item.tag
+        assert tag is not None
+        keep = self.claims.filter_new(tag)
+        if keep is None:
+            return
+        import pyarrow as pa
+
+        item.keys = item.keys.take(pa.array(keep))
+        if item.labels is not None:
+            item.labels = np.asarray(item.labels)[keep]
+        item.tag = Tag(tag.source, tag.epoch, tag.batch, tag.idx[keep], tag.watermark)
+
     def _process(self, item: _Item) -> None:
+        flush_seq = self.claims.open_seq
+        if item.tag is not None:
+            with self._proc_lock:
+                if not self.claims.admits(item.tag):
+                    self.claims.rejected += 1
+                    self._reject(item)
+                    return
         t_start = self.clock()
         finish = self.service.serve(item.n)
-        self.app_state.process(item.keys, item.labels)
+        with self._proc_lock:
+            if item.tag is not None:
+                if not self.claims.admits(item.tag):  # fenced while in service
+                    self.claims.rejected += 1
+                    self._reject(item)
+                    return
+                self._dedup(item)
+            self.app_state.process(item.keys, item.labels)
+            if item.tag is not None:
+                flush_seq = self.claims.processed(item.tag)
         t_end = self.clock()
         if item.n:
             # app compute after the emulated service delays the whole batch
@@ -256,6 +312,8 @@ class WorkerCore:
             "lat_sum_s": float(lat.sum()) if item.n else 0.0,
             "lat_max_s": float(lat.max()) if item.n else 0.0,
             "done_ts": t_end,
+            "flush_seq": flush_seq,
+            "committed_seq": self.claims.committed_seq,
         }
         item.keys = item.labels = None
         item.done.set()
@@ -264,12 +322,39 @@ class WorkerCore:
         now = self.clock()
         if not force and now - self._last_flush < self.aggregate_every_s:
             return False
-        self._last_flush = now
-        partial = self.app_state.flush()
-        self.flushes += 1
-        if self.sink is not None:
-            self.sink(partial)
+        with self._proc_lock:  # the sink is called in sequence order
+            self._last_flush = now
+            flush = self.claims.close(self.worker_id, self.app_state.flush())
+            self.flushes += 1
+            if self.sink is not None:
+                self.sink(flush)
         return True
+
+    def flush_now(self) -> int:
+        """Flush now (unless nothing is open); returns the newest flush sequence."""
+        with self._proc_lock:
+            if self.claims.open_messages:
+                self.maybe_flush(force=True)
+            return self.claims.open_seq - 1
+
+    def on_committed(self, seq: int) -> None:
+        """The aggregator committed flush ``seq`` (and every earlier one)."""
+        with self._committed:
+            self.claims.on_committed(seq)
+            self._committed.notify_all()
+
+    def wait_committed(self, seq: int, timeout: float | None = None) -> int:
+        """Block until flush ``seq`` is committed (or ``timeout``); the committed seq."""
+        with self._committed:
+            self._committed.wait_for(lambda: self.claims.committed_seq >= seq, timeout)
+            return self.claims.committed_seq
+
+    def fence_source(self, source: int, epoch: int) -> dict[str, Any]:
+        """``source`` restarted as incarnation ``epoch``: see ``ClaimLog.fence``.
+        Waits for a batch in service; queued ones of older incarnations are
+        rejected when dequeued."""
+        with self._proc_lock:
+            return self.claims.fence(source, epoch)
 
     def run_forever(self) -> None:
         """The processing thread: drain FIFO until ``stop()``."""
@@ -345,6 +430,9 @@ class WorkerCore:
             "batches": self.batches,
             "keys": int(self.app_state.distinct_keys()),
             "flushes": self.flushes,
+            "committed_seq": self.claims.committed_seq,
+            "rejected_batches": self.claims.rejected,
+            "duplicate_messages": self.claims.duplicates,
             "stopped_s": self.service.stopped_s,
             "latency": self.latency.to_sparse(),
             "signals_emitted": signals,
@@ -359,9 +447,11 @@ class WorkerCore:
 class WorkerActor:
     """Ray edge around ``WorkerCore``: a threaded actor with one processing thread.
 
-    ``process`` (many concurrent calls) enqueues and waits for the ack; partial
-    app results go to the aggregator actor asynchronously (refs kept so that
-    ``finish`` returns only after every partial was merged).
+    ``process`` (many concurrent calls) enqueues and waits for the ack; flushes
+    go to the aggregator's ``commit`` asynchronously, in sequence order; a
+    committer thread waits for each result in order and tells the core what is
+    committed (acks carry it). A flush refused as ``fenced`` means this worker
+    was declared dead and its work replayed elsewhere: the process exits.
     """
 
     def __init__(self, worker_id: int, app_kind: str, app_params: dict[str, Any],
@@ -372,12 +462,17 @@ class WorkerActor:
 
         self._ray = ray
         self._agg = aggregator
-        self._pending: list[Any] = []
+        self._commits: queue.Queue[tuple[int, Any] | None] = queue.Queue()
+        self._inflight_commits = 0
+        self._commit_lock = threading.Condition()
         app = make_app(app_kind, **app_params)
         self.core = WorkerCore(worker_id, app.new_worker_state(), sink=self._sink, **kwargs)
         self._telemetry: Any = None  # live metrics (actors.telemetry), from start_run
         self._thread = threading.Thread(target=self._loop, name=f"worker-{worker_id}", daemon=True)
         self._thread.start()
+        self._committer = threading.Thread(target=self._commit_loop, daemon=True,
+                                           name=f"worker-{worker_id}-commits")
+        self._committer.start()
 
     def _loop(self) -> None:
         try:
@@ -385,12 +480,32 @@ class WorkerActor:
         except BaseException as e:  # keep the actor answering; report in finish()
             self._crash = e
 
-    def _sink(self, partial: Any) -> None:
-        self._pending.append(self._agg.merge.remote(partial))
-        if len(self._pending) > 16:
-            done, self._pending = self._ray.wait(self._pending, num_returns=len(self._pending),
-                                                 timeout=0)
-            self._ray.get(done)
+    def _sink(self, flush: Flush) -> None:
+        with self._commit_lock:
+            self._inflight_commits += 1
+        self._commits.put((flush.seq, self._agg.commit.remote(flush)))
+
+    def _commit_loop(self) -> None:
+        while True:
+            job = self._commits.get()
+            if job is None:
+                return
+            _, ref = job
+            try:
+                verdict, committed = self._ray.get(ref)
+            except Exception as e:  # noqa: BLE001 - the aggregator is gone: nothing commits
+                self._commit_error = e
+                verdict, committed = "error", 0
+            if verdict == "fenced":
+                os._exit(1)  # declared dead; sources replayed our uncommitted work
+            self.core.on_committed(committed)
+            with self._commit_lock:
+                self._inflight_commits -= 1
+                self._commit_lock.notify_all()
+
+    def _wait_commits(self, timeout: float = 60.0) -> None:
+        with self._commit_lock:
+            self._commit_lock.wait_for(lambda: self._inflight_commits == 0, timeout)
 
     def pid(self) -> int:
         return os.getpid()
@@ -398,17 +513,28 @@ class WorkerActor:
     def node_id(self) -> str:
         return self._ray.get_runtime_context().get_node_id()
 
-    def process(self, source: int, keys: Any, labels: Any, emit_ts: float) -> dict[str, Any]:
+    def process(self, source: int, keys: Any, labels: Any, emit_ts: float,
+                tag: Tag | None = None) -> dict[str, Any]:
         crash = getattr(self, "_crash", None)
         if crash is not None:
             raise RuntimeError(f"worker-{self.core.worker_id} processing thread died: {crash!r}")
-        ack = self.core.submit(source, keys, labels, emit_ts)
+        ack = self.core.submit(source, keys, labels, emit_ts, tag)
         if self._telemetry is not None:
             self._telemetry.batch_done(ack)
         return ack
 
     def set_capacity(self, capacity: float) -> None:
         self.core.set_capacity(capacity)
+
+    def fence_source(self, source: int, epoch: int) -> dict[str, Any]:
+        return self.core.fence_source(source, epoch)
+
+    def commit_now(self, timeout: float = 30.0) -> int:
+        """Flush what is open and wait for the aggregator; the committed sequence."""
+        return self.core.wait_committed(self.core.flush_now(), timeout)
+
+    def peak_rss_mb(self) -> float | None:
+        return peak_rss_mb()
 
     def start_run(self, t0: float, run_id: str | None = None) -> None:
         """``run_id``: the run's name in live metrics (the driver passes its namespace)."""
@@ -433,9 +559,10 @@ class WorkerActor:
         if crash is not None:
             raise RuntimeError(f"worker-{self.core.worker_id} processing thread died: {crash!r}")
         stats = self.core.finish()
-        self._ray.get(self._pending)
-        self._pending = []
+        self._wait_commits()
+        stats["committed_seq"] = self.core.claims.committed_seq
         stats["pid"] = os.getpid()
+        stats["peak_rss_mb"] = peak_rss_mb()
         return stats
 
 

@@ -39,8 +39,8 @@ class DirectTransport:
         self.next = 0
         self.max_inflight_seen = collections.Counter()
 
-    def send(self, worker, keys, labels, emit_ts):
-        item = self.workers[worker].enqueue(self.source, keys, labels, emit_ts)
+    def send(self, worker, keys, labels, emit_ts, tag=None):
+        item = self.workers[worker].enqueue(self.source, keys, labels, emit_ts, tag)
         tok = self.next
         self.next += 1
         self.items[tok] = (worker, item)
@@ -269,9 +269,9 @@ def test_outboxes_are_bounded_and_keep_fifo_per_worker() -> None:
     seen: dict[int, list[float]] = {0: [], 1: []}
     send = transport.send
 
-    def recording_send(worker, keys, labels, emit_ts):
+    def recording_send(worker, keys, labels, emit_ts, tag=None):
         seen[worker].append(emit_ts)
-        return send(worker, keys, labels, emit_ts)
+        return send(worker, keys, labels, emit_ts, tag)
 
     transport.send = recording_send
     src = SourceCore(0, make_grouping("sg", 2, seed=0), transport, n_workers=2,

@@ -1,0 +1,448 @@
+"""Exactly-once bookkeeping for failures: pure classes, no Ray (docs/reliability.md).
+
+Identity. A source numbers the micro-batches of its shard ``0, 1, 2...``
+(``run.batch`` rows each; the shard is replayable and its batch boundaries are
+deterministic, like offsets in a log). A message is ``(source, batch, index
+in the batch)``; a sub-batch sent to a worker carries a ``Tag``: the source's
+incarnation (``epoch``), the batch number, the message indices (``idx``) and the
+source's *watermark* (every batch below it is fully committed).
+
+Who holds what:
+
+- **Source** - ``ReplayLog``: every sub-batch it routed, from routing until the
+  flush that holds it is committed at the aggregator (acks carry the worker's
+  ``flush_seq`` for that sub-batch and its latest ``committed_seq``). On a worker
+  death, ``take(worker, committed_seq)`` returns exactly the sub-batches not
+  covered by the dead worker's last committed flush; the source re-routes them
+  to live workers. The watermark is the oldest batch with a retained sub-batch.
+- **Worker** - ``ClaimLog``: which ``(source, batch, idx)`` it processed, in
+  which flush (kept until the source's watermark passes the batch); a source
+  incarnation fence: after ``fence(source, epoch)`` sub-batches of older
+  incarnations are rejected, not processed. A flush (``Flush``) carries its
+  sequence number, the app's partial, the claims it covers and the watermarks.
+- **Aggregator** - ``CommitLedger``: commits a worker's flush atomically (the
+  partial is merged and its claims recorded, or neither), in sequence, ignores
+  duplicates, and after ``fence_worker(w)`` (the worker was declared dead)
+  rejects every later flush of ``w``: the committed sequence returned by the
+  fence is final, which is what makes the sources' replay exact.
+
+A restarted source (``resume_plan``) fences every live worker, collects the
+claims of its batches at or after the highest watermark anyone saw (live
+workers' claims, the aggregator's committed claims of dead workers), and from
+there re-reads its shard: claimed messages are not sent again (the ones still
+uncommitted go back into its ``ReplayLog``), the rest are routed as new.
+
+Guarantee: with one failure at a time (recovery of one finished before the
+next), the aggregated result counts every input message exactly once.
+"""
+
+from __future__ import annotations
+
+import collections
+import itertools
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+IDX_DTYPE = np.int32
+
+
+@dataclass
+class Tag:
+    """The identity of a sub-batch (see the module docstring)."""
+
+    source: int
+    epoch: int
+    batch: int
+    idx: np.ndarray  # message indices in the batch, IDX_DTYPE
+    watermark: int
+
+
+@dataclass
+class Flush:
+    """One worker flush: committed atomically by the aggregator, or not at all."""
+
+    worker: int
+    seq: int  # 1, 2, 3... per worker
+    partial: Any  # the app's delta since the previous flush
+    claims: dict[int, list[tuple[int, np.ndarray]]]  # source -> [(batch, idx)]
+    watermarks: dict[int, int]  # source -> latest watermark seen by the worker
+    messages: int  # messages in this flush
+
+
+class WorkerLost(Exception):
+    """A worker's actor died (or was declared dead): returned instead of an ack."""
+
+    def __init__(self, worker: int, cause: str = "") -> None:
+        super().__init__(f"worker-{worker} lost{': ' + cause if cause else ''}")
+        self.worker = int(worker)
+
+
+def union_idx(parts: Iterable[np.ndarray]) -> np.ndarray:
+    """Sorted distinct indices of several index arrays."""
+    arrs = [np.asarray(p, dtype=IDX_DTYPE) for p in parts]
+    if not arrs:
+        return np.empty(0, dtype=IDX_DTYPE)
+    return np.unique(np.concatenate(arrs)).astype(IDX_DTYPE, copy=False)
+
+
+# ============================================================================ source
+
+
+@dataclass(eq=False)
+class Entry:
+    """A retained sub-batch (identity by object)."""
+
+    worker: int
+    batch: int
+    idx: np.ndarray
+    keys: Any  # pa.Array
+    labels: Any  # np.ndarray | None
+    emit_ts: float
+    flush_seq: int | None = None  # set by the ack: the worker flush that holds it
+    replay: bool = False  # re-routed after a worker death (or rebuilt by a resume)
+
+
+class ReplayLog:
+    """A source's retained sub-batches, per worker, until committed.
+
+    Memory: what was routed to a worker since its last committed flush plus
+    what is queued or in flight (both bounded by backpressure and by
+    ``app.aggregate_every_s``).
+    """
+
+    def __init__(self) -> None:
+        self._by_worker: dict[int, dict[int, Entry]] = collections.defaultdict(dict)
+        self._per_batch: collections.Counter[int] = collections.Counter()
+        self._batches: collections.deque[int] = collections.deque()  # ascending, lazily pruned
+        self._messages = 0
+        self._seen_committed: dict[int, int] = {}
+        self._dirty: dict[int, bool] = {}  # an entry was acked into an already committed flush
+
+    def add(self, entry: Entry) -> Entry:
+        self._by_worker[entry.worker][id(entry)] = entry
+        if self._per_batch[entry.batch] == 0 and (
+                not self._batches or self._batches[-1] < entry.batch):
+            self._batches.append(entry.batch)
+        elif self._per_batch[entry.batch] == 0:  # an older batch again (replay): keep order
+            self._batches = collections.deque(sorted({*self._batches, entry.batch}))
+        self._per_batch[entry.batch] += 1
+        self._messages += len(entry.idx)
+        return entry
+
+    def _drop(self, entry: Entry) -> None:
+        del self._by_worker[entry.worker][id(entry)]
+        self._per_batch[entry.batch] -= 1
+        if self._per_batch[entry.batch] == 0:
+            del self._per_batch[entry.batch]
+        self._messages -= len(entry.idx)
+
+    def acked(self, entry: Entry, flush_seq: int, committed_seq: int) -> None:
+        """``entry`` was processed into ``flush_seq``; ``committed_seq`` is the
+        worker's latest committed flush: everything up to it is released."""
+        entry.flush_seq = int(flush_seq)
+        if entry.flush_seq <= committed_seq:
+            self._dirty[entry.worker] = True
+        self.committed(entry.worker, committed_seq)
+
+    def committed(self, worker: int, committed_seq: int) -> None:
+        """Release ``worker``'s sub-batches held by flushes ``<= committed_seq``."""
+        mine = self._by_worker.get(worker)
+        if not mine:
+            return
+        if committed_seq <= self._seen_committed.get(worker, -1) and not self._dirty.get(worker):
+            return  # nothing new is committed, nothing newly acked into a committed flush
+        self._seen_committed[worker] = committed_seq
+        self._dirty[worker] = False
+        done = [e for e in mine.values() if e.flush_seq is not None and e.flush_seq <= committed_seq]
+        for e in done:
+            self._drop(e)
+
+    def take(self, worker: int, committed_seq: int) -> list[Entry]:
+        """``worker`` is dead and ``committed_seq`` its final committed flush: remove
+        all its entries; return those to replay (not acked, or acked into a later
+        flush), oldest batch first."""
+        mine = list(self._by_worker.get(worker, {}).values())
+        out = [e for e in mine if e.flush_seq is None or e.flush_seq > committed_seq]
+        for e in mine:
+            self._drop(e)
+        self._by_worker.pop(worker, None)
+        return sorted(out, key=lambda e: e.batch)
+
+    def watermark(self, next_batch: int) -> int:
+        """Every batch below this is fully committed (``next_batch``: the first not routed)."""
+        while self._batches and self._per_batch.get(self._batches[0], 0) == 0:
+            self._batches.popleft()
+        return self._batches[0] if self._batches else int(next_batch)
+
+    def pending_workers(self) -> list[int]:
+        return sorted(w for w, d in self._by_worker.items() if d)
+
+    def entries(self, worker: int) -> list[Entry]:
+        return list(self._by_worker.get(worker, {}).values())
+
+    def __len__(self) -> int:
+        return sum(len(d) for d in self._by_worker.values())
+
+    @property
+    def messages(self) -> int:
+        return self._messages
+
+
+# ============================================================================ worker
+
+
+@dataclass
+class _Claim:
+    batch: int
+    idx: np.ndarray
+    flush_seq: int
+
+
+class ClaimLog:
+    """A worker's processed sub-batches per source, the open flush, source fences.
+
+    Not thread-safe: the worker calls it under its processing lock.
+    """
+
+    def __init__(self) -> None:
+        self.open_seq = 1  # the flush that the next processed sub-batch goes into
+        self.committed_seq = 0
+        self._claims: dict[int, list[_Claim]] = collections.defaultdict(list)
+        self._open: dict[int, list[tuple[int, np.ndarray]]] = collections.defaultdict(list)
+        self._open_msgs = 0
+        self.watermarks: dict[int, int] = {}
+        self.fenced_epoch: dict[int, int] = {}
+        self.rejected = 0  # sub-batches of fenced incarnations
+        self.duplicates = 0  # messages dropped as already processed here
+
+    def admits(self, tag: Tag) -> bool:
+        """False if ``tag``'s source incarnation was fenced off."""
+        return tag.epoch >= self.fenced_epoch.get(tag.source, 0)
+
+    def filter_new(self, tag: Tag) -> np.ndarray | None:
+        """Positions (into ``tag.idx``) not yet processed here, or None if all new."""
+        seen = [c.idx for c in self._claims.get(tag.source, ()) if c.batch == tag.batch]
+        if not seen:
+            return None
+        dup = np.isin(tag.idx, union_idx(seen))
+        if not dup.any():
+            return None
+        self.duplicates += int(dup.sum())
+        return np.flatnonzero(~dup)
+
+    def processed(self, tag: Tag) -> int:
+        """Record ``tag`` as processed into the open flush; returns that flush's seq."""
+        s = tag.source
+        self._claims[s].append(_Claim(tag.batch, tag.idx, self.open_seq))
+        self._open[s].append((tag.batch, tag.idx))
+        self._open_msgs += len(tag.idx)
+        self.see_watermark(s, tag.watermark)
+        return self.open_seq
+
+    def see_watermark(self, source: int, watermark: int) -> None:
+        if watermark > self.watermarks.get(source, -1):
+            self.watermarks[source] = int(watermark)
+            claims = self._claims.get(source)
+            if claims and claims[0].batch < watermark:
+                self._claims[source] = [c for c in claims if c.batch >= watermark]
+
+    def close(self, worker: int, partial: Any) -> Flush:
+        """Close the open flush around the app's ``partial``."""
+        f = Flush(worker=worker, seq=self.open_seq, partial=partial,
+                  claims={s: list(v) for s, v in self._open.items() if v},
+                  watermarks=dict(self.watermarks), messages=self._open_msgs)
+        self._open = collections.defaultdict(list)
+        self._open_msgs = 0
+        self.open_seq += 1
+        return f
+
+    @property
+    def open_messages(self) -> int:
+        """Messages processed into the open (not yet flushed) flush."""
+        return self._open_msgs
+
+    def on_committed(self, seq: int) -> None:
+        self.committed_seq = max(self.committed_seq, int(seq))
+
+    def fence(self, source: int, epoch: int) -> dict[str, Any]:
+        """Reject ``source``'s incarnations older than ``epoch`` from now on; return
+        what this worker holds of it: claims ``[(batch, idx, flush_seq)]``, the
+        latest watermark seen and the committed flush."""
+        self.fenced_epoch[source] = max(self.fenced_epoch.get(source, 0), int(epoch))
+        return {"claims": [(c.batch, c.idx, c.flush_seq) for c in self._claims.get(source, ())],
+                "watermark": self.watermarks.get(source, 0),
+                "committed_seq": self.committed_seq}
+
+    def claimed_messages(self) -> int:
+        return sum(len(c.idx) for v in self._claims.values() for c in v)
+
+
+# ============================================================================ aggregator
+
+
+class CommitLedger:
+    """The aggregator's record of committed flushes (see the module docstring)."""
+
+    def __init__(self) -> None:
+        self.committed_seq: dict[int, int] = {}
+        self.committed_messages: dict[int, int] = collections.defaultdict(int)
+        self.fenced: set[int] = set()
+        self.duplicates = 0
+        self.rejected = 0
+        self.out_of_order = 0
+        self.watermarks: dict[int, int] = {}
+        self._claims: dict[int, list[tuple[int, np.ndarray]]] = collections.defaultdict(list)
+
+    def admit(self, flush: Flush) -> str:
+        """``"commit"`` (merge it), ``"duplicate"``, ``"fenced"`` or ``"gap"``."""
+        w = flush.worker
+        if w in self.fenced:
+            self.rejected += 1
+            return "fenced"
+        last = self.committed_seq.get(w, 0)
+        if flush.seq <= last:
+            self.duplicates += 1
+            return "duplicate"
+        if flush.seq != last + 1:
+            self.out_of_order += 1
+            return "gap"
+        return "commit"
+
+    def record(self, flush: Flush) -> None:
+        """The flush's partial was merged: record it (same actor call, so atomic)."""
+        self.committed_seq[flush.worker] = flush.seq
+        self.committed_messages[flush.worker] += flush.messages
+        for s, wm in flush.watermarks.items():
+            if wm > self.watermarks.get(s, -1):
+                self.watermarks[s] = wm
+                self._claims[s] = [c for c in self._claims[s] if c[0] >= wm]
+        for s, claims in flush.claims.items():
+            wm = self.watermarks.get(s, 0)
+            self._claims[s].extend(c for c in claims if c[0] >= wm)
+
+    def fence_worker(self, worker: int) -> int:
+        """Declare ``worker`` dead: no later flush of it commits. Returns its final
+        committed flush sequence (0 if none)."""
+        self.fenced.add(int(worker))
+        return self.committed_seq.get(int(worker), 0)
+
+    def claims_of(self, source: int) -> dict[str, Any]:
+        """Committed claims of ``source`` at or after its watermark, and the watermark."""
+        return {"claims": list(self._claims.get(source, ())),
+                "watermark": self.watermarks.get(source, 0)}
+
+    def stats(self) -> dict[str, Any]:
+        return {"committed_seq": {str(k): v for k, v in sorted(self.committed_seq.items())},
+                "committed_messages": {str(k): v for k, v in
+                                       sorted(self.committed_messages.items())},
+                "fenced_workers": sorted(self.fenced), "duplicate_flushes": self.duplicates,
+                "rejected_flushes": self.rejected, "out_of_order_flushes": self.out_of_order,
+                "claims_held": sum(len(c) for c in self._claims.values())}
+
+
+# ============================================================================ resume
+
+
+@dataclass
+class ResumePlan:
+    """Where a restarted source starts and what it must not send again."""
+
+    start_batch: int
+    #: batch -> message indices already processed somewhere (do not send)
+    claimed: dict[int, np.ndarray] = field(default_factory=dict)
+    #: batch -> [(worker, idx, flush_seq)] processed but not committed (retain)
+    retain: dict[int, list[tuple[int, np.ndarray, int]]] = field(default_factory=dict)
+
+    def split(self, batch: int, n: int) -> tuple[np.ndarray, list[tuple[int, np.ndarray, int]]]:
+        """For batch ``batch`` of ``n`` messages: indices to send, entries to retain."""
+        done = self.claimed.get(batch)
+        todo = (np.arange(n, dtype=IDX_DTYPE) if done is None
+                else np.setdiff1d(np.arange(n, dtype=IDX_DTYPE), done).astype(IDX_DTYPE))
+        return todo, self.retain.get(batch, [])
+
+    @property
+    def last_claimed_batch(self) -> int:
+        return max(self.claimed, default=self.start_batch - 1)
+
+
+def resume_plan(worker_fences: dict[int, dict[str, Any]],
+                committed: dict[str, Any]) -> ResumePlan:
+    """Plan a restarted source's resume from the live workers' ``ClaimLog.fence``
+    answers (worker -> answer) and the aggregator's ``CommitLedger.claims_of``."""
+    start = max([int(committed["watermark"])]
+                + [int(f["watermark"]) for f in worker_fences.values()])
+    parts: dict[int, list[np.ndarray]] = collections.defaultdict(list)
+    retain: dict[int, list[tuple[int, np.ndarray, int]]] = collections.defaultdict(list)
+    for b, idx in committed["claims"]:
+        if b >= start:
+            parts[b].append(idx)
+    for w, f in worker_fences.items():
+        for b, idx, seq in f["claims"]:
+            if b < start:
+                continue
+            parts[b].append(idx)
+            if seq > f["committed_seq"]:
+                retain[b].append((w, idx, seq))
+    return ResumePlan(start, {b: union_idx(p) for b, p in parts.items()}, dict(retain))
+
+
+# ============================================================================ faults
+
+
+def peak_rss_mb(pid: int | None = None) -> float | None:
+    """Peak resident set size (``VmHWM``) of a process on this node, in MB
+    (``pid`` None: this process); None where /proc does not tell."""
+    try:
+        with open(f"/proc/{pid or 'self'}/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024.0
+    except OSError:
+        return None
+    return None
+
+
+
+@dataclass
+class FaultEvent:
+    """One injected fault and what recovering from it took (report.json ``failures``)."""
+
+    actor: str
+    at_s: float
+    kind: str = "kill"
+    killed_s: float | None = None
+    detected_s: float | None = None
+    recovered_s: float | None = None
+    pid: int | None = None
+    replayed_batches: int = 0
+    replayed_messages: int = 0
+    skipped_messages: int = 0  # resume: already processed, not sent again
+    committed_seq: int | None = None
+    note: str = ""
+
+    def as_dict(self) -> dict[str, Any]:
+        d = {k: getattr(self, k) for k in self.__dataclass_fields__}
+        d["recovery_s"] = (None if self.recovered_s is None or self.killed_s is None
+                           else self.recovered_s - self.killed_s)
+        return d
+
+
+class FaultSchedule:
+    """The topology's ``faults`` in time order; ``due(t_s)`` pops the ones due."""
+
+    def __init__(self, faults: Iterable[tuple[float, str]]) -> None:
+        self._pending = sorted((float(a), str(k)) for a, k in faults)
+
+    def due(self, t_s: float) -> list[tuple[float, str]]:
+        out = list(itertools.takewhile(lambda f: f[0] <= t_s, self._pending))
+        del self._pending[:len(out)]
+        return out
+
+    def __iter__(self) -> Iterator[tuple[float, str]]:
+        return iter(list(self._pending))
+
+    def __len__(self) -> int:
+        return len(self._pending)
