@@ -36,8 +36,8 @@ import pandas as pd
 import ray
 
 from actors import aggregator as aggregator_mod
-from actors import faults as faults_mod
 from actors import cluster as cluster_mod
+from actors import faults as faults_mod
 from actors import source as source_mod
 from actors import telemetry
 from actors import throttle as throttle_mod
