@@ -115,3 +115,35 @@ def test_run_process_on_a_problem_found_by_spark(tmp_path: Path) -> None:
                         "(lines that are not one JSON object each)", p.stderr[-3000:]
     assert "Traceback" not in p.stderr, p.stderr[-3000:]
     assert not (tmp_path / "out").exists()
+
+
+def test_key_and_label_casts_match_spark(ray_spark, tmp_path: Path) -> None:
+    """The simulator's copies of Spark's CAST(key AS STRING) and CAST(label AS
+    BIGINT) (runtime.input_check) against Spark itself, on the odd values."""
+    import datetime
+
+    import pyarrow as pa
+
+    from actors.spark_input import build_dataframe, reference_result
+
+    files = {
+        "dates.parquet": pa.table({"key": [datetime.date(2024, 1, 31), None,
+                                           datetime.date(1999, 12, 1)]}),
+        "f32.parquet": pa.table({"key": pa.array([0.1, 1e7, 2.5, -0.0, 1e-4], pa.float32())}),
+        "f64.parquet": pa.table({"key": [float("nan"), float("inf"), -0.0, 123456789.125,
+                                         0.001, 1e-3 / 3, -1e21]}),
+        "big.parquet": pa.table({"key": pa.array([2**63 - 1, -(2**63), 0], pa.int64())}),
+    }
+    for name, table in files.items():
+        pq.write_table(table, tmp_path / name)
+    (tmp_path / "nb.csv").write_text("key,label\na,1\nb, 2 \nc,2.7\nd,x\ne,\nf,-3\ng,+4\n")
+    cases = [(n, "wordcount") for n in files] + [("nb.csv", "naive-bayes")]
+    for name, kind in cases:
+        fmt = name.rsplit(".", 1)[1]
+        t = tmp_path / f"{name}.yaml"
+        t.write_text(f"input: {{format: {fmt}, path: {name}}}\nworkers: {{count: 2}}\n"
+                     f"grouping: {{scheme: kg}}\napp: {{kind: {kind}}}\n")
+        topo = load_topology(t, check_input=True)
+        ref = reference_result(build_dataframe(ray_spark, topo), kind)
+        sim = simulate(topo).result
+        assert sim.equals(ref.cast(sim.schema)), (name, sim.to_pylist(), ref.to_pylist())
