@@ -64,11 +64,13 @@ def write_run(
             from runtime.plots import plot_run
 
             plot_run(report, timeseries, stage / "report.png")
-        if out.exists():
-            for f in stage.iterdir():
+        if out.exists() and any(out.iterdir()):
+            # an existing, non-empty --out: file by file, report.json last, so a
+            # report.json on disk always describes complete outputs
+            for f in sorted(stage.iterdir(), key=lambda f: f.name == "report.json"):
                 os.replace(f, out / f.name)
             stage.rmdir()
-        else:
+        else:  # absent or empty: one rename (POSIX replaces an empty directory)
             os.replace(stage, out)
     except BaseException:
         shutil.rmtree(stage, ignore_errors=True)

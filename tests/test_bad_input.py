@@ -431,6 +431,16 @@ def test_a_failed_write_leaves_nothing(tmp_path: Path, monkeypatch: pytest.Monke
                      plot=False)
     assert sorted(p.name for p in out.iterdir()) == ["report.json", "result.parquet",
                                                      "timeseries.csv"]
+    # an existing empty --out is replaced in one rename; a failure leaves it empty
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    with pytest.raises(RuntimeError):
+        report.write_run(empty, rep, pd.DataFrame({"t_s": [0.0]}), pa.table({"key": ["a"]}))
+    assert list(empty.iterdir()) == [] and sorted(p.name for p in tmp_path.iterdir()) == [
+        "empty", "run"]
+    report.write_run(empty, rep, pd.DataFrame({"t_s": [0.0]}), pa.table({"key": ["a"]}),
+                     plot=False)
+    assert len(list(empty.iterdir())) == 3
 
 
 # --------------------------------------------------------------------------- real processes
