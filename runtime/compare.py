@@ -50,7 +50,11 @@ def parse_schemes(text: str) -> list[str]:
         fail("--schemes: empty list")
     for s in schemes:
         if s not in SCHEMES:
-            fail(f"--schemes: unknown scheme {s!r} (known: {', '.join(sorted(SCHEMES))})")
+            from runtime.topology import _did_you_mean
+
+            hint = _did_you_mean(s, SCHEMES)
+            fail(f"--schemes: unknown scheme {s!r}{', ' + hint if hint else ''} "
+                 f"(known: {', '.join(sorted(SCHEMES))})")
     if len(set(schemes)) != len(schemes):
         fail(f"--schemes: a scheme is listed twice ({text!r})")
     return schemes

@@ -204,6 +204,14 @@ def test_bad_override(tool: str, tmp_path: Path, capsys: pytest.CaptureFixture[s
                "--set", "workers")
 
 
+def test_compare_schemes_typo(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    topo = write(tmp_path, "name: x\n")
+    for engine in ("sim", "ray"):
+        assert_bad("compare " + engine, topo, tmp_path, capsys,
+                   "--schemes: unknown scheme 'fsh', did you mean 'fish'? (known: ",
+                   "--schemes", "kg,fsh")
+
+
 def test_topology_file_missing_or_unreadable(tmp_path: Path,
                                              capsys: pytest.CaptureFixture[str]) -> None:
     for tool in TOOLS:
