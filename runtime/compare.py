@@ -150,8 +150,16 @@ def plot_compare(series: dict[str, pd.DataFrame], rows: Sequence[dict[str, Any]]
 
 
 def run_all(topos: Sequence[Topology], engine: str, out: Path, *, address: str | None,
-            progress: bool, say: Callable[[str], None]) -> tuple[list[dict], dict]:
-    """Run every topology on ``engine``; returns the table rows and time series."""
+            progress: bool, say: Callable[[str], None], spark: Any = None,
+            on_run: Callable[[dict[str, Any]], None] | None = None,
+            ) -> tuple[list[dict], dict]:
+    """Run every topology on ``engine``; returns the table rows and time series.
+
+    The topologies share one input (``topos[0]``'s). ``spark``: a session the
+    caller already started (``runtime.run.engine_session``), so that several
+    ``run_all`` calls share one Ray + Spark session; by default the real
+    engine starts and stops its own. ``on_run(report)`` is called after each run.
+    """
     rows: list[dict[str, Any]] = []
     series: dict[str, pd.DataFrame] = {}
 
@@ -162,6 +170,8 @@ def run_all(topos: Sequence[Topology], engine: str, out: Path, *, address: str |
         say(f"[{topo.grouping.scheme}] {r['throughput_msgs_per_s']:,.0f} msgs/s, "
             f"efficiency {r['capacity_efficiency']:.3f}, p99 {r['latency_p99_ms']:,.1f} ms, "
             f"replication {r['replication']:.2f}")
+        if on_run is not None:
+            on_run(report)
 
     if engine == "sim":
         from runtime.sim import simulate
@@ -176,8 +186,7 @@ def run_all(topos: Sequence[Topology], engine: str, out: Path, *, address: str |
 
     from runtime.run import check_input_columns, engine_session
 
-    check_input_columns(topos[0])
-    with engine_session(f"compare-{topos[0].name}", address) as spark:
+    def run_ray(spark: Any) -> None:
         from actors.pipeline import run_pipeline
         from actors.spark_input import build_dataframe
 
@@ -187,6 +196,13 @@ def run_all(topos: Sequence[Topology], engine: str, out: Path, *, address: str |
             report = run_pipeline(topo, run_dir, spark, progress=progress, log=say, df=df)
             record(topo, report, run_dir)
         df.unpersist()
+
+    check_input_columns(topos[0])
+    if spark is not None:
+        run_ray(spark)
+        return rows, series
+    with engine_session(f"compare-{topos[0].name}", address) as session:
+        run_ray(session)
     return rows, series
 
 
