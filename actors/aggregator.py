@@ -64,6 +64,12 @@ class AggregatorCore:
         self._early.pop(int(worker), None)
         return self.ledger.fence_worker(worker)
 
+    def fence_for_source(self, worker: int, source: int) -> tuple[int, list[Any]]:
+        """Declare ``worker`` dead; its final committed flush and the ``(batch,
+        idx)`` of ``source`` its committed flushes hold."""
+        seq = self.fence_worker(worker)
+        return seq, self.ledger.worker_claims(worker, source)
+
     def committed_claims(self, source: int) -> dict[str, Any]:
         return self.ledger.claims_of(source)
 

@@ -35,6 +35,12 @@ from runtime.latency import LatencyHistogram
 from runtime.reliability import FaultEvent, FaultSchedule, peak_rss_mb
 from runtime.topology import Topology
 
+
+def not_yet_added(topo: Topology) -> list[int]:
+    """Workers that join later (``workers.changes`` ``add``): not routed to at first."""
+    return [w for _, w, _ in topo.workers.added()]
+
+
 #: a worker ping not answered within this long is "busy", not dead (a stopped
 #: or throttled process answers late; a dead one fails fast)
 PING_TIMEOUT_S = 0.1
@@ -57,6 +63,13 @@ class FaultManager:
         self.make_source = make_source
         self.say = say
         self.schedule = FaultSchedule((f.at_s, f.kill) for f in topo.faults)
+        # membership (workers.changes add/remove): "add:<w>" / "remove:<w>" events
+        self.membership = FaultSchedule(
+            [(a, f"add:{w}") for a, w, _ in topo.workers.added()]
+            + [(m.at_s, f"remove:{m.remove}") for m in topo.workers.membership
+               if m.remove is not None])
+        self.inactive: set[int] = set(not_yet_added(topo))
+        self.membership_log: list[dict[str, Any]] = []
         self.events: list[FaultEvent] = []
         self.dead_workers: set[int] = set()
         self.epochs = [0] * len(self.sources)
@@ -91,6 +104,8 @@ class FaultManager:
         now_s = time.time() - self.t0
         for at_s, name in self.schedule.due(now_s):
             self._kill(name, at_s)
+        for at_s, what in self.membership.due(now_s):
+            self._membership(what, at_s, now_s)
         self._ping_workers()
         self._check_sources()
         self._sample_memory()
@@ -118,7 +133,33 @@ class FaultManager:
 
     def utilizations(self) -> list[float]:
         """Latest utilization sample of every live worker."""
-        return [u for i, u in enumerate(self._utilization) if i not in self.dead_workers]
+        return [u for i, u in enumerate(self._utilization)
+                if i not in self.dead_workers and i not in self.inactive]
+
+    # ------------------------------------------------------------------ membership
+    def _membership(self, what: str, at_s: float, now_s: float) -> None:
+        """A worker joins (every source adds it to its grouping) or leaves (it is
+        retired exactly like a dead worker: fenced, its uncommitted work
+        re-routed by the sources - nothing is lost - then its process ends)."""
+        op, _, idx = what.partition(":")
+        w = int(idx)
+        entry: dict[str, Any] = {"op": op, "worker": w, "at_s": at_s, "applied_s": now_s}
+        if op == "add":
+            self.inactive.discard(w)
+            for s in self.sources:
+                s.worker_added.remote(w)
+        elif w in self.dead_workers or w in self.inactive:
+            entry["note"] = "not live: nothing to remove"
+        elif len(self.dead_workers) + len(self.inactive) + 1 >= len(self.workers):
+            entry["note"] = "not removed: it is the last live worker"
+        else:
+            self.dead_workers.add(w)
+            entry["committed_seq"] = int(ray.get(self.agg.fence_worker.remote(w)))
+            for s in self.sources:
+                s.worker_failed.remote(w)
+            ray.kill(self.workers[w], no_restart=True)  # fenced: its state is not needed
+        self.membership_log.append(entry)
+        self.say(f"[{self.topo.name}] workers: {op} worker-{w} at {now_s:.2f} s")
 
     # ------------------------------------------------------------------ inject
     def _kill(self, name: str, at_s: float) -> None:
@@ -207,7 +248,7 @@ class FaultManager:
             self.events.append(ev)
         ev.detected_s = now_s
         self.epochs[i] += 1
-        dead = sorted(self.dead_workers)
+        dead = sorted(self.dead_workers | self.inactive)
         src = self.make_source(i, self.epochs[i], dead)
         self.sources[i] = src
         self._register(f"{name}.{self.epochs[i]}", src)
@@ -269,6 +310,14 @@ class FaultManager:
                 ev.replayed_batches = int(res.get("reread_batches", 0))
                 ev.replayed_messages = int(res.get("resent_messages", 0))
                 ev.skipped_messages = int(res.get("skipped_messages", 0))
+        for entry in self.membership_log:
+            if entry["op"] == "remove" and "committed_seq" in entry:
+                fs = [f for st in source_stats for f in st.get("failures", [])
+                      if f["worker"] == entry["worker"]]
+                entry["replayed_messages"] = sum(int(f["replayed_messages"]) for f in fs)
+                done = [float(f["recovered_ts"]) - self.t0 for f in fs
+                        if f.get("recovered_ts") is not None]
+                entry["recovered_s"] = max(done) if done else None
         peak = dict(self.peak_rss)
         for i, ws in enumerate(worker_stats):  # actors on other nodes report their own
             if ws.get("peak_rss_mb") is not None:
@@ -283,6 +332,7 @@ class FaultManager:
             "failures": [ev.as_dict() for ev in self.events],
             "peak_rss_mb": dict(sorted(peak.items())),
             "dead_workers": sorted(self.dead_workers),
+            "membership_changes": self.membership_log,
             "source_restarts": [{"source": src, "epoch": epoch}
                                 for src, epoch, _ in self.restarts],
         }
@@ -300,6 +350,7 @@ class FaultManager:
             entry["epoch"] = st.get("epoch", 0)
             entry["retained_peak_messages"] = st.get("retained_peak_messages")
             entry["peak_rss_mb"] = st.get("peak_rss_mb")
+            entry["joins"] = st.get("joins", [])
 
 
 def _dead_worker_stats(i: int, committed: int) -> dict[str, Any]:

@@ -57,7 +57,8 @@ class Capacities:
     """The capacity of every worker over time (initial values + ``workers.changes``)."""
 
     def __init__(self, topo: Topology) -> None:
-        self.initial = topo.workers.capacities()
+        # workers added mid-run (workers.changes add) exist from the start, idle
+        self.initial = topo.workers.capacities() + [c for _, _, c in topo.workers.added()]
         self.changes = sorted((c.at_s, c.worker, c.capacity) for c in topo.workers.changes)
 
     def at(self, t_s: float) -> list[float]:
@@ -204,7 +205,7 @@ def run_pipeline(
     ``build_dataframe(spark, topo)``).
     """
     say = log or (lambda m: print(m, file=sys.stderr))
-    n = topo.workers.count
+    n = topo.workers.total_count  # added workers are started up front, idle until added
     wspec, run = topo.workers, topo.run
     caps = Capacities(topo)
     stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%S%f")
@@ -270,7 +271,8 @@ def run_pipeline(
                 s, shards[s], workers, topo.grouping.scheme, n, run.seed + s,
                 topo.grouping_params(), batch=run.batch, max_inflight=run.max_inflight,
                 rate_per_source=run.rate / topo.sources, key="key", label=label,
-                vw_every_s=run.slot_s, aggregator=agg, epoch=epoch, dead_workers=dead or [])
+                vw_every_s=run.slot_s, aggregator=agg, epoch=epoch,
+                dead_workers=faults_mod.not_yet_added(topo) if dead is None else dead)
             actors.append(src)
             return src
 
@@ -372,7 +374,7 @@ def build_report(
     distinct_keys: int | None = None,
 ) -> tuple[dict[str, Any], pd.DataFrame]:
     """report.json's dict and timeseries.csv's frame from the actors' statistics."""
-    n = topo.workers.count
+    n = len(worker_stats)
     slot_s = topo.run.slot_s
     n_slots = max(1, math.ceil(duration_s / slot_s))
     series = [w["series"] for w in worker_stats]

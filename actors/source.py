@@ -86,8 +86,9 @@ class Transport(Protocol):
 class Control(Protocol):
     """Failure handling calls (the aggregator and workers; direct calls in tests)."""
 
-    def fence_worker(self, worker: int) -> int:
-        """Declare ``worker`` dead at the aggregator; its final committed flush."""
+    def fence_worker(self, worker: int, source: int) -> tuple[int, list[tuple[int, np.ndarray]]]:
+        """Declare ``worker`` dead at the aggregator; its final committed flush and
+        the ``(batch, idx)`` of ``source`` its committed flushes hold."""
 
     def commit(self, workers: Sequence[int]) -> dict[int, Any]:
         """Make each worker flush and wait for the commit: worker -> committed
@@ -166,6 +167,9 @@ class SourceCore:
         for w in sorted(set(range(self.n_workers)) - self.live):
             self.grouping.remove_worker(w)
         self._notices: set[int] = set()
+        self._joined: set[int] = set()
+        self._gone: set[int] = set()  # workers lost or retired: never routed to again
+        self.joins: list[dict[str, Any]] = []
         self._notice_lock = threading.Lock()
         self.failures: list[dict[str, Any]] = []  # per worker death handled here
         self._replaying: dict[int, set[int]] = {}  # failure index -> ids of replayed entries
@@ -217,11 +221,22 @@ class SourceCore:
         with self._notice_lock:
             self._notices.add(int(worker))
 
+    def notify_worker_added(self, worker: int) -> None:
+        """Thread-safe: ``worker`` joined (elasticity); routed to from the next batch."""
+        with self._notice_lock:
+            self._joined.add(int(worker))
+
     def _check_notices(self) -> None:
-        if not self._notices:
+        if not self._notices and not self._joined:
             return
         with self._notice_lock:
             dead, self._notices = sorted(self._notices), set()
+            joined, self._joined = sorted(self._joined), set()
+        for w in joined:
+            if w not in self.live and w not in self._gone:
+                self.live.add(w)
+                self.grouping.add_worker(w)
+                self.joins.append({"worker": w, "added_ts": self.clock()})
         for w in dead:
             self._worker_lost(w, "notified")
 
@@ -232,14 +247,19 @@ class SourceCore:
         if len(self.live) == 1:
             raise RuntimeError(f"source-{self.index}: the last live worker ({w}) died: {cause}")
         detected = self.clock()
-        committed = self.control.fence_worker(w) if self.control is not None else 0
+        committed, held = (self.control.fence_worker(w, self.index)
+                           if self.control is not None else (0, []))
         self.live.discard(w)
+        self._gone.add(w)
         self.grouping.remove_worker(w)
         for token in [t for t, e in self._inflight.items() if e.worker == w]:
             del self._inflight[token]
         self._inflight_per_worker[w] = 0
         self._outbox[w].clear()
-        lost = self.log.take(w, committed)
+        unacked = sum(len(e.idx) for e in self.log.entries(w) if e.flush_seq is None)
+        lost = self.log.take(w, committed, held)
+        # committed although this source never saw the ack: done, not lost
+        self.acked += unacked - sum(len(e.idx) for e in lost if e.flush_seq is None)
         acked_before = sum(len(e.idx) for e in lost if e.flush_seq is not None)
         self.acked -= acked_before  # they will be acked again by their new workers
         self.acked_per_worker[w] -= acked_before
@@ -448,6 +468,7 @@ class SourceCore:
             "resume": self.resume,
             "live_workers": sorted(self.live),
             "retained_peak_messages": self.retained_peak,
+            "joins": self.joins,
         }
 
 
@@ -502,8 +523,9 @@ class RayControl:
         self.aggregator = aggregator
         self.workers = list(workers)
 
-    def fence_worker(self, worker: int) -> int:
-        return int(self._ray.get(self.aggregator.fence_worker.remote(worker)))
+    def fence_worker(self, worker: int, source: int) -> tuple[int, list[Any]]:
+        seq, held = self._ray.get(self.aggregator.fence_for_source.remote(worker, source))
+        return int(seq), list(held)
 
     def commit(self, workers: Sequence[int]) -> dict[int, Any]:
         refs = {w: self.workers[w].commit_now.remote() for w in workers}
@@ -588,6 +610,9 @@ class SourceActor:
 
     def worker_failed(self, worker: int) -> None:
         self.core.notify_worker_failed(worker)
+
+    def worker_added(self, worker: int) -> None:
+        self.core.notify_worker_added(worker)
 
     def pid(self) -> int:
         return os.getpid()

@@ -160,12 +160,35 @@ class ReplayLog:
         for e in done:
             self._drop(e)
 
-    def take(self, worker: int, committed_seq: int) -> list[Entry]:
-        """``worker`` is dead and ``committed_seq`` its final committed flush: remove
-        all its entries; return those to replay (not acked, or acked into a later
-        flush), oldest batch first."""
+    def take(self, worker: int, committed_seq: int,
+             committed: Iterable[tuple[int, np.ndarray]] = ()) -> list[Entry]:
+        """``worker`` is dead, ``committed_seq`` its final committed flush and
+        ``committed`` the ``(batch, idx)`` of this source its committed flushes
+        hold: remove all its entries; return what to replay - the messages no
+        committed flush holds (not acked, acked into a later flush, or acked by a
+        reply this source never saw) - oldest batch first."""
+        done: dict[int, list[np.ndarray]] = collections.defaultdict(list)
+        for b, idx in committed:
+            done[int(b)].append(idx)
+        done_idx = {b: union_idx(v) for b, v in done.items()}
         mine = list(self._by_worker.get(worker, {}).values())
-        out = [e for e in mine if e.flush_seq is None or e.flush_seq > committed_seq]
+        out = []
+        for e in mine:
+            if e.flush_seq is not None and e.flush_seq <= committed_seq:
+                continue
+            held = done_idx.get(e.batch)
+            if held is not None:
+                keep = ~np.isin(e.idx, held)
+                if not keep.any():
+                    continue
+                if not keep.all():
+                    import pyarrow as pa
+
+                    sel = np.flatnonzero(keep)
+                    e = Entry(e.worker, e.batch, e.idx[sel], e.keys.take(pa.array(sel)),
+                              None if e.labels is None else np.asarray(e.labels)[sel],
+                              e.emit_ts, e.flush_seq, e.replay)
+            out.append(e)
         for e in mine:
             self._drop(e)
         self._by_worker.pop(worker, None)
@@ -294,7 +317,8 @@ class CommitLedger:
         self.rejected = 0
         self.out_of_order = 0
         self.watermarks: dict[int, int] = {}
-        self._claims: dict[int, list[tuple[int, np.ndarray]]] = collections.defaultdict(list)
+        #: source -> [(batch, idx, worker)] committed, at or after the source's watermark
+        self._claims: dict[int, list[tuple[int, np.ndarray, int]]] = collections.defaultdict(list)
 
     def admit(self, flush: Flush) -> str:
         """``"commit"`` (merge it), ``"duplicate"``, ``"fenced"`` or ``"gap"``."""
@@ -321,7 +345,7 @@ class CommitLedger:
                 self._claims[s] = [c for c in self._claims[s] if c[0] >= wm]
         for s, claims in flush.claims.items():
             wm = self.watermarks.get(s, 0)
-            self._claims[s].extend(c for c in claims if c[0] >= wm)
+            self._claims[s].extend((b, idx, flush.worker) for b, idx in claims if b >= wm)
 
     def fence_worker(self, worker: int) -> int:
         """Declare ``worker`` dead: no later flush of it commits. Returns its final
@@ -331,8 +355,14 @@ class CommitLedger:
 
     def claims_of(self, source: int) -> dict[str, Any]:
         """Committed claims of ``source`` at or after its watermark, and the watermark."""
-        return {"claims": list(self._claims.get(source, ())),
+        return {"claims": [(b, idx) for b, idx, _ in self._claims.get(source, ())],
                 "watermark": self.watermarks.get(source, 0)}
+
+    def worker_claims(self, worker: int, source: int) -> list[tuple[int, np.ndarray]]:
+        """What ``worker``'s committed flushes hold of ``source`` (at or after its
+        watermark): a source replays exactly the rest of what it sent there - an
+        ack it never saw does not make a committed sub-batch look lost."""
+        return [(b, idx) for b, idx, w in self._claims.get(source, ()) if w == worker]
 
     def stats(self) -> dict[str, Any]:
         return {"committed_seq": {str(k): v for k, v in sorted(self.committed_seq.items())},

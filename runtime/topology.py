@@ -92,14 +92,63 @@ class CapacityChange(_Strict):
     capacity: Annotated[float, Field(gt=0)]
 
 
+class MembershipChange(_Strict):
+    """``workers.changes`` entry ``{at_s, add: k}`` (k workers join, ids after the
+    existing ones, at ``capacity``) or ``{at_s, remove: i}`` (worker i leaves)."""
+
+    at_s: NonNegFloat
+    add: Annotated[int, Field(strict=True, ge=1)] | None = None
+    remove: Annotated[int, Field(strict=True, ge=0)] | None = None
+    capacity: Annotated[float, Field(gt=0)] = 1.0
+
+    @model_validator(mode="after")
+    def _one(self) -> MembershipChange:
+        if (self.add is None) == (self.remove is None):
+            raise ValueError("workers.changes: give exactly one of add or remove "
+                             f"(got add={self.add}, remove={self.remove})")
+        return self
+
+
 class WorkersSpec(_Strict):
     count: Count = 4
     capacity: float | list[float] = 1.0
     service_us: NonNegFloat = 100.0
     throttle: Literal["duty-cycle", "cpulimit", "service"] = "duty-cycle"
     changes: list[CapacityChange] = []
+    #: ``changes`` entries with ``add``/``remove`` (moved here when loading)
+    membership: list[MembershipChange] = []
     #: bounded input queue per worker, in batches
     queue_batches: PosInt = 8
+
+    @model_validator(mode="before")
+    @classmethod
+    def _split_membership(cls, data: Any) -> Any:
+        """``changes`` holds capacity changes and membership changes (``add`` /
+        ``remove``); the latter go to ``membership`` so that ``changes`` keeps
+        meaning capacity changes for every consumer."""
+        if isinstance(data, dict) and isinstance(data.get("changes"), list):
+            ch = data["changes"]
+            mem = [i for i, c in enumerate(ch) if isinstance(c, dict)
+                   and ("add" in c or "remove" in c)]
+            if mem:
+                data = {**data,
+                        "changes": [c for i, c in enumerate(ch) if i not in mem],
+                        "membership": [*data.get("membership", []), *(ch[i] for i in mem)]}
+        return data
+
+    @property
+    def total_count(self) -> int:
+        """Workers ever in the run: ``count`` plus every added one."""
+        return self.count + sum(m.add or 0 for m in self.membership)
+
+    def added(self) -> list[tuple[float, int, float]]:
+        """``(at_s, worker id, capacity)`` of every added worker."""
+        out, nxt = [], self.count
+        for m in self.membership:
+            for _ in range(m.add or 0):
+                out.append((m.at_s, nxt, m.capacity))
+                nxt += 1
+        return out
 
     @field_validator("capacity", mode="before")
     @classmethod
@@ -136,11 +185,15 @@ class WorkersSpec(_Strict):
                 f"(got throttle={self.throttle!r}; duty-cycle can only slow a worker down)"
             )
         for i, ch in enumerate(self.changes):
-            if ch.worker >= self.count:
+            if ch.worker >= self.total_count:
                 raise ValueError(
                     f"workers.changes.{i}.worker: worker {ch.worker} does not exist "
                     f"(workers.count={self.count})"
                 )
+        for m in self.membership:
+            if m.remove is not None and m.remove >= self.total_count:
+                raise ValueError(f"workers.changes: remove: worker {m.remove} does not exist "
+                                 f"(workers.count={self.count})")
         return self
 
     def capacities(self) -> list[float]:

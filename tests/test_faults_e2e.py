@@ -162,3 +162,20 @@ def test_stalled_worker_keeps_memory_bounded_and_run_exact(ray_spark, tmp_path, 
         assert mb < base["peak_rss_mb"].get(name, mb) + 150, (name, mb, base["peak_rss_mb"])
     for s in report["sources"]:
         assert s["retained_peak_messages"] < 0.25 * report["messages"]["input"], s
+
+
+@pytest.mark.parametrize("scheme", ["ch", "fish", "cg"])
+def test_workers_added_and_removed_mid_run_is_exact(ray_spark, tmp_path, scheme) -> None:
+    """workers.changes add/remove: 3 workers, a 4th joins at 2 s, worker 0 leaves
+    at 4.5 s (retired through the failure path: fenced, its uncommitted work
+    re-routed). The result still equals Spark's groupBy."""
+    topo = _topology(scheme, name=f"elastic-{scheme}", workers={
+        "count": 3, "changes": [{"at_s": 2.0, "add": 1}, {"at_s": 4.5, "remove": 0}]})
+    report = _run_exact(ray_spark, topo, tmp_path)
+    print(json.dumps(report["membership_changes"], indent=1))
+    add, rm = report["membership_changes"]
+    assert (add["op"], add["worker"], rm["op"], rm["worker"]) == ("add", 3, "remove", 0)
+    assert rm["recovered_s"] is not None
+    w = report["workers"]
+    assert len(w) == 4 and w[3]["processed"] > 0 and w[0]["dead"]
+    assert all([j["worker"] for j in s["joins"]] == [3] for s in report["sources"])

@@ -184,8 +184,8 @@ class Cluster:
         self.dead.add(w)
 
     # Control
-    def fence_worker(self, w: int) -> int:
-        return self.agg.fence_worker(w)
+    def fence_worker(self, w: int, source: int):
+        return self.agg.fence_for_source(w, source)
 
     def commit(self, workers):
         out = {}
@@ -344,4 +344,82 @@ def test_source_restart_after_a_worker_death_uses_committed_claims() -> None:
     plan = resume_plan({w: c.workers[w].fence_source(0, 1) for w in (0, 2)},
                        c.agg.committed_claims(0))
     new.run(batches, plan)
+    assert c.finish() == dict(collections.Counter(data))
+
+
+@pytest.mark.parametrize("scheme", ["ch", "fish", "cg", "kg"])
+def test_worker_added_then_one_retired_mid_stream_is_exact(scheme: str) -> None:
+    """Elasticity at the source: worker 3 joins at batch 15 (it existed idle),
+    worker 0 is retired at batch 40 (fenced like a dead worker: its uncommitted
+    work is re-routed, nothing lost)."""
+    ft = FakeTime()
+    c = Cluster(4, ft)
+    data = _words(40_000, 6)
+    s = _source(c, 0, scheme, ft, dead_workers=[3])
+
+    def events():
+        for b, t in enumerate(_batches(data)):
+            if b == 15:
+                s.notify_worker_added(3)
+            if b == 40:
+                s.notify_worker_failed(0)
+                c.kill(0)
+            yield t
+
+    st = s.run(events())
+    assert st["joins"][0]["worker"] == 3 and st["live_workers"] == [1, 2, 3]
+    assert c.workers[3].processed > 0
+    assert c.finish() == dict(collections.Counter(data))
+
+
+def test_topology_membership_changes_split_from_capacity_changes() -> None:
+    from runtime.topology import TopologyError, load_topology
+
+    t = load_topology({"workers": {"count": 4, "changes": [
+        {"at_s": 1, "worker": 0, "capacity": 0.5}, {"at_s": 2, "add": 2, "capacity": 0.5},
+        {"at_s": 4, "remove": 5}, {"at_s": 5, "worker": 4, "capacity": 1.0}]}})
+    w = t.workers
+    assert [c.worker for c in w.changes] == [0, 4]
+    assert w.total_count == 6 and w.added() == [(2.0, 4, 0.5), (2.0, 5, 0.5)]
+    assert [m.remove for m in w.membership] == [None, 5]
+    with pytest.raises(TopologyError, match="exactly one of add or remove"):
+        load_topology({"workers": {"changes": [{"at_s": 1, "add": 1, "remove": 0}]}})
+    with pytest.raises(TopologyError, match="remove: worker 7 does not exist"):
+        load_topology({"workers": {"count": 4, "changes": [{"at_s": 1, "remove": 7}]}})
+
+
+def test_replay_skips_what_the_dead_worker_committed_without_the_ack_being_seen() -> None:
+    log = ReplayLog()
+    a = log.add(Entry(0, 3, _idx(0, 1, 2), pa.array(["x", "y", "z"]), None, 0.0))
+    log.add(Entry(0, 4, _idx(5), pa.array(["w"]), None, 0.0))
+    # worker 0 committed all of a (flush 2) and message 5 of batch 4 was not committed
+    lost = log.take(0, committed_seq=2, committed=[(3, _idx(0, 1, 2)), (4, _idx(7))])
+    assert [(e.batch, e.idx.tolist()) for e in lost] == [(4, [5])] and a.flush_seq is None
+    log = ReplayLog()
+    log.add(Entry(0, 3, _idx(0, 1, 2), pa.array(["x", "y", "z"]), None, 0.0))
+    (part,) = log.take(0, 0, committed=[(3, _idx(1))])
+    assert part.idx.tolist() == [0, 2] and part.keys.to_pylist() == ["x", "z"]
+
+
+@pytest.mark.parametrize("scheme", ["kg", "ch"])
+def test_worker_dying_after_committing_unacked_work_is_not_double_counted(scheme: str) -> None:
+    """The worker processes and commits what it holds, then dies before any of
+    those acks reach the source: the source must not replay them."""
+    ft = FakeTime()
+    c = Cluster(3, ft)
+    data = _words(20_000, 8)
+
+    def events():
+        for b, t in enumerate(_batches(data)):
+            if b == 20:
+                w = c.workers[1]
+                while w.step(timeout=0):
+                    pass
+                w.wait_committed(w.flush_now(), 0)
+                c.kill(1)
+            yield t
+
+    s = _source(c, 0, scheme, ft)
+    st = s.run(events())
+    assert st["failures"][0]["worker"] == 1
     assert c.finish() == dict(collections.Counter(data))
