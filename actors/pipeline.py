@@ -238,7 +238,8 @@ def run_pipeline(
         qcap = min(wspec.queue_batches, topo.sources * run.max_inflight)
 
         Agg = aggregator_mod.actor_class()
-        agg = Agg.options(name="aggregator", namespace=namespace, num_cpus=0).remote(
+        agg = Agg.options(name="aggregator", namespace=namespace,
+                          **actor_options(topo.placement.get("aggregator"))).remote(
             topo.app.kind, app_params)
         actors.append(agg)
 
@@ -267,7 +268,8 @@ def run_pipeline(
         def make_source(s: int, epoch: int = 0, dead: list[int] | None = None) -> Any:
             """Source ``s`` (``epoch`` > 0: a restart after it died, see actors.faults)."""
             src = Source.options(name=f"source-{s}" + (f".{epoch}" if epoch else ""),
-                                 namespace=namespace, num_cpus=0, max_concurrency=4).remote(
+                                 namespace=namespace, max_concurrency=4,
+                                 **actor_options(topo.placement.get(f"source-{s}"))).remote(
                 s, shards[s], workers, topo.grouping.scheme, n, run.seed + s,
                 topo.grouping_params(), batch=run.batch, max_inflight=run.max_inflight,
                 rate_per_source=run.rate / topo.sources, key="key", label=label,

@@ -333,8 +333,11 @@ class Topology(_Strict):
                 raise ValueError(f"faults.{i}.kill: {f.kill!r} does not exist ({kind}s: {limit})")
         for name in self.placement:
             kind, _, idx = name.partition("-")
-            if kind != "worker" or not idx.isdigit() or int(idx) >= self.workers.count:
-                raise ValueError(f"placement: {name!r} is not a worker of this topology")
+            limit = {"worker": self.workers.count, "source": self.sources}.get(kind, 0)
+            if name != "aggregator" and not (idx.isdigit() and int(idx) < limit):
+                raise ValueError(f"placement: {name!r} is not an actor of this topology "
+                                 f"(worker-0..{self.workers.count - 1}, "
+                                 f"source-0..{self.sources - 1} or aggregator)")
             validate_amounts(name, self.placement[name])
         return self
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -109,8 +110,8 @@ def test_heterogeneous_topology_across_nodes_is_placed_throttled_and_exact(clust
     assert [where[4], where[5]] == [nodes["slow"]] * 2, (where, nodes)
     assert rep["cluster"]["actors"]["worker-5"] == nodes["slow"]
     assert {n["node_id"] for n in rep["cluster"]["nodes"]} == set(nodes.values())
-    for name in ("aggregator", "source-0", "source-1"):
-        assert rep["cluster"]["actors"][name] in nodes.values()
+    for name in ("aggregator", "source-0", "source-1"):  # pinned to the head
+        assert rep["cluster"]["actors"][name] == nodes["head"]
     # Spark's executor is a Ray actor placed by RayDP on one of the nodes
     assert rep["cluster"]["spark_executors"], rep["cluster"]
     assert set(rep["cluster"]["spark_executors"].values()) <= set(nodes.values())
@@ -138,3 +139,61 @@ def test_impossible_placement_exits_2_with_one_line_before_spark(cluster, tmp_pa
     assert "Traceback" not in p.stderr
     assert time.time() - t0 < 30  # refused at start, not after a hang
     assert not (tmp_path / "bad").exists()
+
+
+def _processed(stderr: str) -> float:
+    """Messages processed so far, from the last progress-bar update."""
+    found = re.findall(r"(\d+(?:\.\d+)?)(k?)/300k", stderr)
+    if not found:
+        return 0.0
+    value, kilo = found[-1]
+    return float(value) * (1000 if kilo else 1)
+
+
+def test_killing_a_worker_nodes_raylet_mid_run_is_survived_exactly(cluster, tmp_path):
+    """A machine failure: SIGKILL the slow node's raylet while the run streams.
+    worker-5 (the only worker left there) and the node's throttle actor die with
+    it; the sources replay what they had not seen committed to live workers, and
+    the answer is still Spark's. One worker per failed node: two workers dying
+    at once are overlapping failures, which the reliability machinery does not
+    guarantee (docs/reliability.md; observed: the second death went unnoticed
+    and the run hung after its stream). Runs last in this module: the cluster
+    has one node less afterwards."""
+    nodes = {n["name"]: n["node_id"] for n in cluster["nodes"]}
+    out = tmp_path / "kill"
+    err_path = tmp_path / "run.err"
+    cmd = [sys.executable, "-m", "runtime.run", TOPOLOGY, "--address", cluster["address"],
+           "--out", str(out), "--verify", "--set", "input.limit=300000",  # progress bar on
+           "--set", "placement.worker-4={fast: 1}",
+           # Spark's executor (it holds the input's source blocks) away from the victim
+           "--spark-conf", "spark.ray.raydp_spark_executor.actor.resource.fast=1"]
+    with open(err_path, "w") as err:
+        proc = subprocess.Popen(cmd, cwd=ROOT, env=_env(), stdout=subprocess.PIPE,
+                                stderr=err, text=True)
+        try:
+            deadline = time.time() + 300
+            while _processed(err_path.read_text()) < 30_000:  # streaming, ~10% done
+                assert proc.poll() is None, err_path.read_text()[-3000:]
+                assert time.time() < deadline, "the run never started streaming"
+                time.sleep(0.25)
+            assert proc.poll() is None, "the run ended before the node could be killed"
+            k = _cluster("kill-node", "slow", "--port", str(cluster["port"]), timeout=30)
+            assert k.returncode == 0, k.stderr
+            stdout, _ = proc.communicate(timeout=400)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    assert proc.returncode == 0, err_path.read_text()[-4000:]
+    assert "verify: result.parquet equals Spark's groupBy(key).count()" in stdout
+    rep = json.loads((out / "report.json").read_text())
+    assert rep["verify"]["equal"] is True
+    assert rep["messages"]["input"] == 300_000
+    assert set(rep["cluster"]["spark_executors"].values()) == {nodes["fast"]}
+    assert rep["cluster"]["actors"]["worker-5"] == nodes["slow"]
+    assert rep["cluster"]["actors"]["worker-4"] == nodes["fast"]
+    crashed = {f["actor"]: f for f in rep["failures"] if f["kind"] == "crash"}
+    assert set(crashed) == {"worker-5"}, rep["failures"]
+    assert crashed["worker-5"]["detected_s"] is not None
+    # the slow node's throttle actor died with it; stopping it was reported, not fatal
+    assert "error" in json.dumps(rep["throttle"].get(nodes["slow"], {"error": "gone"}))

@@ -64,8 +64,9 @@ def _topo(placement: dict) -> object:
 @pytest.mark.parametrize(
     "placement, needle",
     [
-        ({"worker-4": {"fast": 1}}, "'worker-4' is not a worker"),
-        ({"source-0": {"fast": 1}}, "'source-0' is not a worker"),
+        ({"worker-4": {"fast": 1}}, "'worker-4' is not an actor of this topology"),
+        ({"source-1": {"fast": 1}}, "'source-1' is not an actor"),
+        ({"sink": {"fast": 1}}, "(worker-0..3, source-0..0 or aggregator)"),
         ({"worker-0": {"fast": 0}}, "placement.worker-0.fast: must be > 0 (got 0"),
         ({"worker-1": {"fast": -1}}, "placement.worker-1.fast: must be > 0"),
         ({"worker-0": {"fast": 1.5}}, "whole numbers (Ray's rule; got 1.5)"),
@@ -80,8 +81,11 @@ def test_bad_placement_is_one_line_naming_the_field(placement: dict, needle: str
 
 
 def test_good_placement_loads() -> None:
-    t = _topo({"worker-0": {"fast": 1}, "worker-3": {"CPU": 1, "slow": 0.01}})
+    t = _topo({"worker-0": {"fast": 1}, "worker-3": {"CPU": 1, "slow": 0.01},
+               "source-0": {"node:__internal_head__": 0.01}, "aggregator": {"head": 1}})
     assert t.placement["worker-3"] == {"CPU": 1.0, "slow": 0.01}  # type: ignore[attr-defined]
+    assert actor_options(t.placement["source-0"]) == {  # type: ignore[attr-defined]
+        "num_cpus": 0, "resources": {"node:__internal_head__": 0.01}}
 
 
 def test_remote_input_uris_go_to_spark_as_given() -> None:
