@@ -480,6 +480,12 @@ def _names_a_field(msg: str) -> bool:
     return head.endswith(":") and head[:-1].split(".")[0] in Topology.model_fields
 
 
+#: what PyYAML's safe constructors raise besides YAMLError for explicitly
+#: tagged values that do not parse (``!!int`` -> IndexError, ``!!bool`` ->
+#: KeyError, ``!!float x`` / ``!!timestamp 2020-13-45`` -> ValueError)
+_YAML_ERRORS = (yaml.YAMLError, ValueError, IndexError, KeyError, TypeError, OverflowError)
+
+
 class _UniqueKeyLoader(yaml.SafeLoader):
     """``yaml.safe_load`` that refuses a field given twice in one mapping
     (plain YAML keeps the last one silently: a pasted duplicate would win)."""
@@ -511,7 +517,7 @@ def parse_override(item: str) -> tuple[list[str], Any]:
         raise TopologyError(f"--set: empty field name (got {item!r})")
     try:
         value = yaml.safe_load(raw) if raw.strip() else ""
-    except yaml.YAMLError:
+    except _YAML_ERRORS:
         value = raw
     return path, value
 
@@ -559,6 +565,9 @@ def load_topology(
             where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
             problem = getattr(e, "problem", None) or "invalid YAML"
             raise TopologyError(f"{path}: malformed YAML{where}: {problem}") from None
+        except _YAML_ERRORS as e:  # a bad explicit tag value: "!!int" with nothing, "!!float x"
+            raise TopologyError(f"{path}: malformed YAML: a tagged value that is not of its tag's "
+                                f"type ({e.__class__.__name__}: {e})") from None
         base_dir = str(path.resolve().parent)
         if data is None:
             data = {}

@@ -126,3 +126,17 @@ def test_other_schemes_parameters_are_ignored_not_errors() -> None:
                                                                          "virtual_per_worker"]
     t = load_topology({"grouping": {"scheme": "cg", "virtual_per_worker": 5, "epoch": 100}})
     assert t.grouping_params() == {"virtual_per_worker": 5}
+
+
+@pytest.mark.parametrize("text", ["sources: !!int\n", "sources: !!int ''\n", "sources: !!float x\n",
+                                  "name: !!timestamp 2020-13-45\n", "sources: !!bool\n"])
+def test_badly_tagged_yaml_values_are_malformed_yaml(tmp_path: Path, text: str) -> None:
+    """PyYAML's constructors raise IndexError/KeyError/ValueError for these, not YAMLError."""
+    p = tmp_path / "t.yaml"
+    p.write_text(text)
+    with pytest.raises(TopologyError, match="malformed YAML") as e:
+        load_topology(p)
+    assert "\n" not in str(e.value)
+    # as a --set value the text is taken literally, then validated
+    with pytest.raises(TopologyError, match="sources"):
+        load_topology({}, ["sources=!!int"])
