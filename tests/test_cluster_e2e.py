@@ -165,8 +165,11 @@ def test_killing_a_worker_nodes_raylet_mid_run_is_survived_exactly(cluster, tmp_
     cmd = [sys.executable, "-m", "runtime.run", TOPOLOGY, "--address", cluster["address"],
            "--out", str(out), "--verify", "--set", "input.limit=300000",  # progress bar on
            "--set", "placement.worker-4={fast: 1}",
-           # Spark's executor (it holds the input's source blocks) away from the victim
-           "--spark-conf", "spark.ray.raydp_spark_executor.actor.resource.fast=1"]
+           # Spark's executor (it holds the input's blocks) and RayDP's Spark master
+           # away from the victim (with the master on the dead node, --verify's
+           # Spark job hung after a correctly recovered run)
+           "--spark-conf", "spark.ray.raydp_spark_executor.actor.resource.fast=1",
+           "--spark-conf", "spark.ray.raydp_spark_master.actor.resource.fast=0.01"]
     with open(err_path, "w") as err:
         proc = subprocess.Popen(cmd, cwd=ROOT, env=_env(), stdout=subprocess.PIPE,
                                 stderr=err, text=True)
@@ -179,7 +182,7 @@ def test_killing_a_worker_nodes_raylet_mid_run_is_survived_exactly(cluster, tmp_
             assert proc.poll() is None, "the run ended before the node could be killed"
             k = _cluster("kill-node", "slow", "--port", str(cluster["port"]), timeout=30)
             assert k.returncode == 0, k.stderr
-            stdout, _ = proc.communicate(timeout=400)
+            stdout, _ = proc.communicate(timeout=240)
         finally:
             if proc.poll() is None:
                 proc.kill()
