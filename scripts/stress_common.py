@@ -151,6 +151,19 @@ def parse_hetero(text: str, n_workers: int, option: str = "--hetero") -> list[He
     return out
 
 
+def add_run_arguments(p: argparse.ArgumentParser) -> None:
+    """The options every stress script shares: sources, batch, seed, overrides,
+    output, cluster address, progress."""
+    p.add_argument("--sources", type=int, default=2)
+    p.add_argument("--batch", type=int, default=1000)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--set", dest="overrides", action="append", default=[],
+                   metavar="KEY.PATH=VALUE", help="topology override for every run (repeatable)")
+    p.add_argument("--out", type=Path, default=None)
+    p.add_argument("--address", default=None, help="Ray cluster address (engine ray)")
+    p.add_argument("--no-progress", action="store_true")
+
+
 def positive_int(option: str, value: int, low: int = 1) -> int:
     if value < low:
         fail(f"{option}: must be >= {low} (got {value})")

@@ -98,16 +98,9 @@ def build_parser() -> sc.Parser:
     p.add_argument("--keys", type=int, default=None, help="distinct keys (default 10,000)")
     p.add_argument("--service-us", type=float, default=None,
                    help="emulated work per message at full speed (default 1000)")
-    p.add_argument("--sources", type=int, default=2)
-    p.add_argument("--batch", type=int, default=1000)
-    p.add_argument("--seed", type=int, default=0)
     p.add_argument("--offered", type=float, default=None, metavar="F",
                    help="offered rate as a fraction of the total capacity (default: saturated)")
-    p.add_argument("--set", dest="overrides", action="append", default=[],
-                   metavar="KEY.PATH=VALUE", help="topology override for every cell (repeatable)")
-    p.add_argument("--out", type=Path, default=None)
-    p.add_argument("--address", default=None, help="Ray cluster address (engine ray)")
-    p.add_argument("--no-progress", action="store_true")
+    sc.add_run_arguments(p)
     return p
 
 

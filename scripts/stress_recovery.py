@@ -113,20 +113,13 @@ def build_parser() -> sc.Parser:
                    help="emulated work per message at full speed (default 1000)")
     p.add_argument("--skew", type=float, default=1.0, help="Zipf exponent (default 1.0)")
     p.add_argument("--keys", type=int, default=10_000)
-    p.add_argument("--sources", type=int, default=2)
-    p.add_argument("--batch", type=int, default=1000)
-    p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threshold", type=float, default=0.9,
                    help="recovered = capacity efficiency back to >= this (default 0.9)")
     p.add_argument("--smooth-s", type=float, default=2.0,
                    help="efficiency averaged over this window from each interval on (default 2)")
     p.add_argument("--level-s", type=float, default=5.0,
                    help="window for the before / settled levels (default 5)")
-    p.add_argument("--set", dest="overrides", action="append", default=[],
-                   metavar="KEY.PATH=VALUE", help="topology override for every run (repeatable)")
-    p.add_argument("--out", type=Path, default=None)
-    p.add_argument("--address", default=None, help="Ray cluster address (engine ray)")
-    p.add_argument("--no-progress", action="store_true")
+    sc.add_run_arguments(p)
     return p
 
 
