@@ -137,6 +137,8 @@ class WorkerCore:
         self.queue_batches = int(queue_batches)
         self.queue_capacity = int(queue_capacity_batches or queue_batches)
         self._queue: queue.Queue[_Item | None] = queue.Queue(maxsize=self.queue_batches)
+        #: why the processing thread died, if it did (then every batch fails fast)
+        self._dead: BaseException | None = None
         self.signal_settings = signals
         self._signalers: dict[int, LoadSignaler] = {}
         self.aggregate_every_s = float(aggregate_every_s)
@@ -216,6 +218,8 @@ class WorkerCore:
         # counted before the put: a caller blocked on a full queue is waiting in it too
         self._changed(+1, n)
         self._queue.put(item)  # blocks while the queue is full
+        if self._dead is not None:  # the processing thread is gone: nobody will take it
+            self._fail_queued()
         return item
 
     # ------------------------------------------------------------------ processing
@@ -357,9 +361,26 @@ class WorkerCore:
             return self.claims.fence(source, epoch)
 
     def run_forever(self) -> None:
-        """The processing thread: drain FIFO until ``stop()``."""
-        while not self._stop.is_set():
-            self.step(timeout=min(0.1, self.aggregate_every_s))
+        """The processing thread: drain FIFO until ``stop()``. If it dies, every
+        queued (and later) batch fails with the error instead of waiting forever."""
+        try:
+            while not self._stop.is_set():
+                self.step(timeout=min(0.1, self.aggregate_every_s))
+        except BaseException as e:
+            self._dead = e
+            self._fail_queued()
+            raise
+
+    def _fail_queued(self) -> None:
+        while True:
+            try:
+                item = self._queue.get_nowait()
+            except queue.Empty:
+                return
+            if item is not None:
+                item.error = RuntimeError(
+                    f"worker-{self.worker_id} processing thread died: {self._dead!r}")
+                item.done.set()
 
     def stop(self) -> None:
         self._stop.set()

@@ -291,3 +291,37 @@ def test_outboxes_are_bounded_and_keep_fifo_per_worker() -> None:
     assert max(transport.max_inflight_seen.values()) <= 2
     for w in (0, 1):
         assert seen[w] == sorted(seen[w]) and len(seen[w]) == 40
+
+
+def test_a_dead_processing_thread_fails_waiting_batches_instead_of_hanging() -> None:
+    """A flush that raises (e.g. an aggregator without ``commit``) kills the
+    processing thread: every batch queued before or after gets the error."""
+
+    def broken_sink(_flush: object) -> None:
+        raise AttributeError("no commit")
+
+    w = WorkerCore(0, make_app("wordcount").new_worker_state(), service_us=0.0,
+                   queue_batches=4, aggregate_every_s=0.01, sink=broken_sink)
+    w.start_run(w.clock())
+    errors: list[BaseException] = []
+
+    def call() -> None:
+        try:
+            w.submit(0, pa.array(["x"] * 10), None, 0.0)
+        except BaseException as e:  # noqa: BLE001
+            errors.append(e)
+
+    callers = [threading.Thread(target=call) for _ in range(6)]
+    for c in callers:
+        c.start()
+    loop = threading.Thread(target=lambda: pytest.raises(AttributeError, w.run_forever))
+    loop.start()
+    loop.join(timeout=10)
+    for c in callers:
+        c.join(timeout=10)
+    assert not loop.is_alive() and not any(c.is_alive() for c in callers)
+    late = threading.Thread(target=call)
+    late.start()
+    late.join(timeout=10)
+    assert not late.is_alive()
+    assert any("processing thread died" in str(e) for e in errors)

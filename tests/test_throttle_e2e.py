@@ -91,7 +91,7 @@ try:
     class _SinkActor:
         """Swallows partial results (this test measures rates, not answers)."""
 
-        def merge(self, partial) -> None:
-            return None
+        def commit(self, flush) -> tuple[str, int]:
+            return "commit", flush.seq  # the aggregator's protocol, nothing kept
 except ImportError:  # pragma: no cover
     pass
