@@ -184,7 +184,9 @@ SCHEME_CASES = {"unknown-scheme", "scheme-wrong-case", "bad-param-value", "bad-p
 def test_bad_topology(tool: str, case: str, text: str, expected: str, tmp_path: Path,
                       capsys: pytest.CaptureFixture[str]) -> None:
     if tool.startswith("compare") and case in SCHEME_CASES:
-        pytest.skip("compare overrides grouping.scheme")
+        # not applicable: compare replaces grouping.scheme by each of --schemes (with
+        # the scheme's defaults); a bad --schemes is test_compare_schemes_typo
+        pytest.skip("compare replaces grouping.scheme by --schemes (see test_compare_schemes_typo)")
     topo = write(tmp_path, text)
     line = assert_bad(tool, topo, tmp_path, capsys, expected)
     if "malformed YAML" not in expected:
@@ -308,7 +310,7 @@ def test_bad_data(tool: str, case: str, maker: Callable[[Path], Path], fmt: str,
     assert_bad(tool, topo, tmp_path, capsys, expected.format(path=rel))
 
 
-@pytest.mark.skipif(os.geteuid() == 0, reason="root reads any file")
+@pytest.mark.skipif(os.geteuid() == 0, reason="root reads any file: chmod 0 cannot make it unreadable")
 def test_unreadable_input_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     topo, rel = _data_topology(tmp_path, _parquet(pa.table({"key": ["a"]})), "parquet", "")
     (tmp_path / rel).chmod(0)
