@@ -83,6 +83,9 @@ class FaultManager:
         self.t0 = time.time()
         self.namespace = ""
         self.runs: list[Any] = []
+        #: the last failure records each source incarnation reported through
+        #: ``progress`` - what a source replayed survives that source's own death
+        self._source_failures: dict[tuple[int, int], list[dict[str, Any]]] = {}
         self._register("aggregator", aggregator)
         for i, w in enumerate(self.workers):
             self._register(f"worker-{i}", w)
@@ -126,10 +129,22 @@ class FaultManager:
         done = 0
         for r in ready:
             try:
-                done += int(ray.get(r)["acked"])
+                p = ray.get(r)
             except ray.exceptions.RayActorError:
                 continue
+            done += int(p["acked"])
+            self._source_failures[(int(p["source"]), int(p["epoch"]))] = p["failures"]
         return done
+
+    def _worker_failure_records(self, source_stats: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """Every source incarnation's re-routing records: the final ones from
+        ``source_stats``, a dead incarnation's from its last ``progress``."""
+        final = {(int(s["source"]), int(s.get("epoch", 0))) for s in source_stats}
+        records = [f for s in source_stats for f in s.get("failures", [])]
+        for key, fs in sorted(self._source_failures.items()):
+            if key not in final:
+                records.extend(fs)
+        return records
 
     def utilizations(self) -> list[float]:
         """Latest utilization sample of every live worker."""
@@ -285,6 +300,7 @@ class FaultManager:
     def report(self, source_stats: list[dict[str, Any]], worker_stats: list[dict[str, Any]],
                agg_stats: dict[str, Any]) -> dict[str, Any]:
         """``failures``, ``peak_rss_mb`` and ``restarts`` for report.json."""
+        records = self._worker_failure_records(source_stats)
         for ev in self.events:
             if ev.kind == "kill" and ev.killed_s is None and not ev.note:
                 ev.note = "not injected: the stream ended first"
@@ -292,14 +308,13 @@ class FaultManager:
             if kind == "worker" and ev.detected_s is not None:
                 w = int(idx)
                 done = []
-                for s in source_stats:
-                    for f in s.get("failures", []):
-                        if f["worker"] != w:
-                            continue
-                        ev.replayed_batches += int(f["replayed_batches"])
-                        ev.replayed_messages += int(f["replayed_messages"])
-                        if f.get("recovered_ts") is not None:
-                            done.append(float(f["recovered_ts"]) - self.t0)
+                for f in records:
+                    if f["worker"] != w:
+                        continue
+                    ev.replayed_batches += int(f["replayed_batches"])
+                    ev.replayed_messages += int(f["replayed_messages"])
+                    if f.get("recovered_ts") is not None:
+                        done.append(float(f["recovered_ts"]) - self.t0)
                 if done:
                     ev.recovered_s = max(max(done), ev.detected_s)
         for src, epoch, ev in self.restarts:
@@ -312,8 +327,7 @@ class FaultManager:
                 ev.skipped_messages = int(res.get("skipped_messages", 0))
         for entry in self.membership_log:
             if entry["op"] == "remove" and "committed_seq" in entry:
-                fs = [f for st in source_stats for f in st.get("failures", [])
-                      if f["worker"] == entry["worker"]]
+                fs = [f for f in records if f["worker"] == entry["worker"]]
                 entry["replayed_messages"] = sum(int(f["replayed_messages"]) for f in fs)
                 done = [float(f["recovered_ts"]) - self.t0 for f in fs
                         if f.get("recovered_ts") is not None]

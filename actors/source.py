@@ -444,7 +444,7 @@ class SourceCore:
     def progress(self) -> dict[str, Any]:
         return {"source": self.index, "routed": self.routed, "acked": self.acked,
                 "done": self.done, "epoch": self.epoch, "retained": self.log.messages,
-                "failures": len(self.failures)}
+                "failures": [dict(f) for f in self.failures]}
 
     def stats(self, start: float | None = None) -> dict[str, Any]:
         g = self.grouping.stats()
