@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import socket
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -74,3 +75,19 @@ def run_main(main: Callable[[], int | None]) -> None:
         print("interrupted", file=sys.stderr)
         code = 130
     raise SystemExit(code or 0)
+
+
+def check_address(address: str | None) -> None:
+    """``--address HOST:PORT`` must answer (a TCP connect within 5 s): Ray
+    itself retries an unreachable head for minutes."""
+    if address is None or address == "auto":
+        return
+    target = address.removeprefix("ray://")
+    host, _, port = target.rpartition(":")
+    if not host or not port.isdigit() or not 0 < int(port) < 65536:
+        fail(f"--address: expected HOST:PORT of the Ray head, or auto (got {address!r})")
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=5).close()
+    except OSError as e:
+        fail(f"--address: no Ray cluster answers at {address!r} "
+             f"({e.strerror or type(e).__name__})")

@@ -24,7 +24,7 @@ from typing import Any
 
 import pandas as pd
 
-from runtime.cli import base_parser, fail, load_or_exit, run_main
+from runtime.cli import base_parser, check_address, fail, load_or_exit, run_main
 from runtime.grouping import SCHEMES
 from runtime.report import default_out_dir
 from runtime.topology import Topology
@@ -222,6 +222,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.offered is not None and not args.offered > 0:
         fail(f"--offered: must be > 0 (got {args.offered})")
     topos = topologies(args.topology, args.overrides, schemes, args.offered)
+    if args.engine == "ray":
+        check_address(args.address)
     name = topos[0].name
     out = Path(args.out or default_out_dir(f"compare-{name}"))
 

@@ -19,7 +19,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from runtime.cli import base_parser, fail, load_or_exit, run_main
+from runtime.cli import base_parser, check_address, fail, load_or_exit, run_main
 from runtime.report import default_out_dir, summary_table
 from runtime.topology import Topology, TopologyError
 
@@ -114,9 +114,13 @@ def engine_session(app_name: str, address: str | None = None, *,
     starts = address is None and not os.environ.get("RAY_ADDRESS")
     system_config = telemetry.ray_system_config() if starts else {}
     try:
-        ctx = ray.init(address=address, runtime_env={"env_vars": {"PYTHONPATH": pythonpath}},
-                       logging_level=logging.WARNING, log_to_driver=False,
-                       _system_config=system_config or None)
+        try:
+            ctx = ray.init(address=address,
+                           runtime_env={"env_vars": {"PYTHONPATH": pythonpath}},
+                           logging_level=logging.WARNING, log_to_driver=False,
+                           _system_config=system_config or None)
+        except ConnectionError as e:
+            fail(f"--address: cannot attach to the Ray cluster at {address!r} ({e})")
         if topo is not None:  # before anything else is printed: one line, exit 2
             cluster.check_placement(topo, spark_cpus=sizing.cpus)
         _announce(ctx)
@@ -165,6 +169,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"ok: {topo.name}: {topo.sources} source(s) -> {topo.workers.count} workers, "
               f"scheme {topo.grouping.scheme}, app {topo.app.kind}, input {what}")
         return 0
+    check_address(args.address)
     out = args.out or default_out_dir(topo.name)
 
     with engine_session(topo.name, args.address, topo=topo, spark=sizing) as spark:

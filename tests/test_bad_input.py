@@ -214,6 +214,20 @@ def test_compare_schemes_typo(tmp_path: Path, capsys: pytest.CaptureFixture[str]
                    "--schemes", "kg,fsh")
 
 
+@pytest.mark.parametrize("tool", ["run", "compare ray"])
+@pytest.mark.parametrize("address, expected", [
+    ("nohost", "error: --address: expected HOST:PORT of the Ray head, or auto (got 'nohost')"),
+    ("h:99999", "error: --address: expected HOST:PORT of the Ray head, or auto (got 'h:99999')"),
+    ("127.0.0.1:1", "error: --address: no Ray cluster answers at '127.0.0.1:1' "
+                    "(Connection refused)"),
+])
+def test_bad_address(tool: str, address: str, expected: str, tmp_path: Path,
+                     capsys: pytest.CaptureFixture[str]) -> None:
+    """Ray itself retries an unreachable head for minutes: refuse it at once."""
+    topo = write(tmp_path, "input: {format: zipf, messages: 100}\n")
+    assert assert_bad(tool, topo, tmp_path, capsys, expected, "--address", address) == expected
+
+
 def test_topology_file_missing_or_unreadable(tmp_path: Path,
                                              capsys: pytest.CaptureFixture[str]) -> None:
     for tool in TOOLS:
