@@ -256,7 +256,8 @@ class SourceCore:
             del self._inflight[token]
         self._inflight_per_worker[w] = 0
         self._outbox[w].clear()
-        unacked = sum(len(e.idx) for e in self.log.entries(w) if e.flush_seq is None)
+        held_before = list(self.log.entries(w))
+        unacked = sum(len(e.idx) for e in held_before if e.flush_seq is None)
         lost = self.log.take(w, committed, held)
         # committed although this source never saw the ack: done, not lost
         self.acked += unacked - sum(len(e.idx) for e in lost if e.flush_seq is None)
@@ -265,9 +266,14 @@ class SourceCore:
         self.acked_per_worker[w] -= acked_before
         replayed: set[int] = set()
         for e in lost:
-            for new in self._route_entries(e.batch, e.idx, e.keys, e.labels, e.emit_ts,
-                                           replay=True):
-                replayed.add(id(new))
+            new_ids = {id(new) for new in self._route_entries(e.batch, e.idx, e.keys, e.labels,
+                                                              e.emit_ts, replay=True)}
+            replayed |= new_ids
+            # a replay of an earlier failure lost again: that failure now waits for these
+            for pending in self._replaying.values():
+                if id(e) in pending:
+                    pending.discard(id(e))
+                    pending |= new_ids
         self.failures.append({
             "worker": w, "cause": cause, "detected_ts": detected, "committed_seq": committed,
             "replayed_batches": len({e.batch for e in lost}),
@@ -278,11 +284,19 @@ class SourceCore:
         })
         if replayed:
             self._replaying[len(self.failures) - 1] = replayed
+        # an earlier failure's replays that ``w`` committed before dying are done
+        lost_ids = {id(e) for e in lost}
+        self._settle({id(e) for e in held_before} - lost_ids)
         self._flush()
 
     def _replay_acked(self, entry: Entry) -> None:
+        self._settle({id(entry)})
+
+    def _settle(self, done: set[int]) -> None:
+        """Replayed entries ``done`` need nothing more; a failure whose replays
+        are all settled is recovered."""
         for i, pending in list(self._replaying.items()):
-            pending.discard(id(entry))
+            pending -= done
             if not pending:
                 self.failures[i]["recovered_ts"] = self.clock()
                 del self._replaying[i]

@@ -92,6 +92,19 @@ def test_worker_and_source_kill_is_exact(ray_spark, tmp_path, scheme) -> None:
     print("run wall time", report["_wall_s"])
 
 
+def test_two_workers_killed_at_once_is_exact(ray_spark, tmp_path) -> None:
+    """Two of four workers SIGKILLed in the same instant (as when a machine
+    holding both dies): both are detected, their keys move to the two left,
+    and the count is still exact."""
+    topo = _topology("fish", faults=[{"at_s": 3.0, "kill": "worker-2"},
+                                     {"at_s": 3.0, "kill": "worker-3"}])
+    report = _run_exact(ray_spark, topo, tmp_path)
+    assert report["dead_workers"] == [2, 3]
+    assert sorted(f["actor"] for f in report["failures"]) == ["worker-2", "worker-3"]
+    assert all(f["recovered_s"] is not None for f in report["failures"]), report["failures"]
+    assert report["aggregator"]["fenced_workers"] == [2, 3]
+
+
 def _actor(name: str, namespace_prefix: str):
     import ray
 

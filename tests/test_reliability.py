@@ -274,6 +274,29 @@ def test_worker_death_mid_stream_is_exact(scheme: str) -> None:
     assert c.agg.stats()["fenced_workers"] == [2]
 
 
+@pytest.mark.parametrize("scheme", ["kg", "cg", "fish"])
+def test_two_workers_dying_together_both_recover_exactly(scheme: str) -> None:
+    """Workers 2 and 3 die in the same instant: replays of worker 2's work that
+    went to worker 3 are lost again and re-routed; both failures still end
+    recovered (no replay waits forever) and the count is exact."""
+    ft = FakeTime()
+    c = Cluster(4, ft)
+    data = _words(30_000, 4)
+
+    def killing(batches):
+        for b, t in enumerate(batches):
+            if b == 25:
+                c.kill(2)
+                c.kill(3)
+            yield t
+
+    st = _source(c, 0, scheme, ft).run(killing(_batches(data)))
+    assert sorted(f["worker"] for f in st["failures"]) == [2, 3]
+    assert all(f["recovered_ts"] is not None for f in st["failures"]), st["failures"]
+    assert st["live_workers"] == [0, 1] and st["acked"] == 30_000
+    assert c.finish() == dict(collections.Counter(data))
+
+
 def test_notified_worker_death_without_traffic_to_it() -> None:
     ft = FakeTime()
     c = Cluster(3, ft)
