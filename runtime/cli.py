@@ -19,13 +19,15 @@ from runtime.topology import Topology, TopologyError, load_topology
 EXIT_BAD_INPUT = 2
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> NoReturn:  # one line, exit 2
+class Parser(argparse.ArgumentParser):
+    """argparse that ends a bad command line with one line and exit code 2."""
+
+    def error(self, message: str) -> NoReturn:
         self.exit(EXIT_BAD_INPUT, f"{self.prog}: {message}\n")
 
 
 def base_parser(prog: str, description: str) -> argparse.ArgumentParser:
-    p = _Parser(prog=prog, description=description)
+    p = Parser(prog=prog, description=description)
     p.add_argument("topology", help="topology YAML file")
     p.add_argument("--out", type=out_dir, default=None,
                    help="output directory (default runs/<name>-<UTC timestamp>/)")

@@ -23,7 +23,7 @@ import sys
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -32,22 +32,10 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from runtime.cli import EXIT_BAD_INPUT  # noqa: E402
+from runtime.cli import Parser, fail  # noqa: E402,F401 (re-exported for the scripts)
 from runtime.grouping import SCHEMES  # noqa: E402
 
 ENGINES = ("sim", "ray", "both")
-
-
-class Parser(argparse.ArgumentParser):
-    """argparse that ends a bad command line with one line and exit code 2."""
-
-    def error(self, message: str) -> NoReturn:
-        self.exit(EXIT_BAD_INPUT, f"{self.prog}: {message}\n")
-
-
-def fail(message: str) -> NoReturn:
-    print(f"error: {message}", file=sys.stderr)
-    raise SystemExit(EXIT_BAD_INPUT)
 
 
 def engines(choice: str) -> list[str]:

@@ -4,7 +4,6 @@ stopping finds and ends only processes naming this cluster's temp dirs."""
 
 from __future__ import annotations
 
-import importlib.util
 import subprocess
 import sys
 import time
@@ -13,11 +12,8 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-_spec = importlib.util.spec_from_file_location("local_cluster", ROOT / "scripts" / "local_cluster.py")
-assert _spec is not None and _spec.loader is not None
-lc = importlib.util.module_from_spec(_spec)
-sys.modules["local_cluster"] = lc
-_spec.loader.exec_module(lc)
+sys.path.insert(0, str(ROOT / "scripts"))
+import local_cluster as lc  # noqa: E402
 
 RAY_DEFAULT_PORTS = {6379, 8265, 10001, 52365}
 

@@ -3,18 +3,14 @@ measurements it reports are sane (no Ray)."""
 
 from __future__ import annotations
 
-import importlib.util
 import sys
 from pathlib import Path
 
 import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
-_spec = importlib.util.spec_from_file_location("scale_sim", ROOT / "scripts" / "scale_sim.py")
-assert _spec is not None and _spec.loader is not None
-scale_sim = importlib.util.module_from_spec(_spec)
-sys.modules["scale_sim"] = scale_sim
-_spec.loader.exec_module(scale_sim)
+sys.path.insert(0, str(ROOT / "scripts"))
+import scale_sim  # noqa: E402
 
 
 def test_deep_bytes_counts_buffers_once_and_skips_functions() -> None:
