@@ -140,7 +140,7 @@ TOPOLOGY_CASES = [
      "workers.changes.0.capacity: must be > 0.0 (got 0)"),
     ("unknown-scheme", "grouping: {scheme: pck}\n",
      "grouping.scheme: unknown scheme 'pck', did you mean 'pkg'? (known: cg, ch, chbl, "
-     "dchoices, fish, gedik, kg, pkg, porc, potc, sg, wchoices)"),
+     "dalton, dchoices, fish, gedik, kg, pkg, porc, potc, sg, wchoices)"),
     ("scheme-wrong-case", "grouping: {scheme: KG}\n",
      "grouping.scheme: unknown scheme 'KG', did you mean 'kg'?"),
     ("bad-param-value", "grouping: {scheme: cg, eps: -1}\n",

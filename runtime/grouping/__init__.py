@@ -4,7 +4,20 @@
 ``SCHEMES`` maps names to classes. Importing this package registers all.
 """
 
-from runtime.grouping import cg, ch, chbl, dchoices, fish, gedik, kg, pkg, porc, potc, sg  # noqa: F401  (registration side effects)
+from runtime.grouping import (  # noqa: F401  (registration side effects)
+    cg,
+    ch,
+    chbl,
+    dalton,
+    dchoices,
+    fish,
+    gedik,
+    kg,
+    pkg,
+    porc,
+    potc,
+    sg,
+)
 from runtime.grouping.base import SCHEMES, Grouping, make_grouping, register, scheme_params
 
 __all__ = ["SCHEMES", "Grouping", "make_grouping", "register", "scheme_params"]
