@@ -8,11 +8,20 @@ for the gap to fill), duplicates ignored, and nothing more from a worker once
 ``fence_worker`` declared it dead. ``merge(partial)`` (no bookkeeping) stays
 for plain partials. A plain (single-threaded) Ray actor, so calls run one at a
 time in arrival order.
+
+For a coordinated scheme (ACG) the aggregator also hosts the scheme's
+controller (``coordinator``): a flush's ``report`` (the worker's service
+rate) and the sources' ``report_routed`` (per-VW load) feed it, every
+commit answer carries its current VW table back to the worker (which relays
+it to the sources on acks), a fenced worker leaves it and ``worker_added``
+joins one.
 """
 
 from __future__ import annotations
 
 import os
+import time
+from collections.abc import Callable
 from typing import Any
 
 import pyarrow as pa
@@ -21,9 +30,12 @@ from runtime.reliability import CommitLedger, Flush, peak_rss_mb
 
 
 class AggregatorCore:
-    def __init__(self, app_kind: str, app_params: dict[str, Any]) -> None:
+    def __init__(self, app_kind: str, app_params: dict[str, Any],
+                 coordinator: Any = None, clock: Callable[[], float] = time.time) -> None:
         from runtime.apps import make_app
 
+        self.coordinator = coordinator
+        self.clock = clock
         self.app = make_app(app_kind, **app_params)
         self.agg = self.app.new_aggregator()
         self.partials = 0
@@ -37,11 +49,19 @@ class AggregatorCore:
         self.agg.merge(partial)
         self.partials += 1
 
-    def commit(self, flush: Flush) -> tuple[str, int]:
+    def commit(self, flush: Flush) -> tuple[str, int, Any]:
         """Commit a worker's flush. Returns the verdict - ``"commit"``,
         ``"duplicate"``, ``"fenced"``, or ``"pending"`` (arrived before an earlier
-        one; committed when that comes) - and the worker's committed sequence."""
+        one; committed when that comes) - the worker's committed sequence and
+        the coordinator's current table (None without a coordinator)."""
         verdict = self.ledger.admit(flush)
+        table = None
+        if self.coordinator is not None:
+            now = self.clock()
+            if flush.report is not None and verdict != "fenced":
+                self.coordinator.report_from(flush.worker, flush.report, now)
+            self.coordinator.tick(now)
+            table = self.coordinator.table()
         if verdict == "gap":
             self._early.setdefault(flush.worker, {})[flush.seq] = flush
             verdict = "pending"
@@ -52,7 +72,7 @@ class AggregatorCore:
             while nxt is not None:
                 self._apply(nxt)
                 nxt = early.pop(nxt.seq + 1, None)
-        return verdict, self.ledger.committed_seq.get(flush.worker, 0)
+        return verdict, self.ledger.committed_seq.get(flush.worker, 0), table
 
     def _apply(self, flush: Flush) -> None:
         self.agg.merge(flush.partial)
@@ -62,7 +82,28 @@ class AggregatorCore:
     def fence_worker(self, worker: int) -> int:
         """Declare ``worker`` dead; its final committed flush sequence."""
         self._early.pop(int(worker), None)
+        if self.coordinator is not None:
+            self.coordinator.remove_worker(worker)
         return self.ledger.fence_worker(worker)
+
+    def report_routed(self, source: int, report: dict[str, Any]) -> Any:
+        """A source's per-VW routed counts (coordinated schemes), once per epoch;
+        the answer is the coordinator's current table (a plan may be due)."""
+        if self.coordinator is None:
+            return None
+        self.coordinator.routed_from(source, report)
+        self.coordinator.tick(self.clock())
+        return self.coordinator.table()
+
+    def worker_added(self, worker: int) -> None:
+        """``worker`` joined the run (elasticity): the coordinator gives it VWs."""
+        if self.coordinator is not None:
+            self.coordinator.add_worker(worker)
+
+    def start_run(self, t0: float) -> None:
+        """The run's clock starts (the coordinator's first plan is due soon after)."""
+        if self.coordinator is not None:
+            self.coordinator.start(t0)
 
     def fence_for_source(self, worker: int, source: int) -> tuple[int, list[Any]]:
         """Declare ``worker`` dead; its final committed flush and the ``(batch,
@@ -88,9 +129,12 @@ class AggregatorCore:
         return self.agg.result()
 
     def stats(self) -> dict[str, Any]:
-        return {"partials": self.partials, **self.ledger.stats(),
-                "early_flushes": sum(len(v) for v in self._early.values()),
-                "peak_rss_mb": peak_rss_mb()}
+        out = {"partials": self.partials, **self.ledger.stats(),
+               "early_flushes": sum(len(v) for v in self._early.values()),
+               "peak_rss_mb": peak_rss_mb()}
+        if self.coordinator is not None:
+            out["coordinator"] = self.coordinator.summary()
+        return out
 
 
 def actor_class() -> Any:

@@ -161,6 +161,7 @@ class FaultManager:
         entry: dict[str, Any] = {"op": op, "worker": w, "at_s": at_s, "applied_s": now_s}
         if op == "add":
             self.inactive.discard(w)
+            self.agg.worker_added.remote(w)  # a coordinated scheme's controller
             for s in self.sources:
                 s.worker_added.remote(w)
         elif w in self.dead_workers or w in self.inactive:

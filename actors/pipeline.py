@@ -43,7 +43,8 @@ from actors import telemetry
 from actors import throttle as throttle_mod
 from actors import worker as worker_mod
 from actors.spark_input import SHARD_BLOCK_ROWS, build_dataframe, session_cpus, to_ray_shards
-from runtime.grouping import make_grouping
+from runtime.grouping import SCHEMES
+from runtime.grouping.acg import coordinator_report
 from runtime.latency import LatencyHistogram
 from runtime.metrics import replication
 from runtime.placement import actor_options
@@ -80,15 +81,9 @@ class Capacities:
 
 
 def signal_settings(topo: Topology) -> worker_mod.SignalSettings | None:
-    """Worker-side signal settings (as the simulator): only for schemes that use
-    feedback, with the grouping's ``slot_s`` / ``busy_above`` / ``idle_below``."""
-    g = make_grouping(topo.grouping.scheme, topo.workers.count, seed=topo.run.seed,
-                      **topo.grouping_params())
-    if not g.uses_feedback:
-        return None
-    return worker_mod.SignalSettings(float(getattr(g, "slot_s", topo.run.slot_s)),
-                                     float(getattr(g, "busy_above", 0.85)),
-                                     float(getattr(g, "idle_below", 0.75)))
+    """Worker-side load signals, for the schemes that declare them (CG)."""
+    s = SCHEMES[topo.grouping.scheme].signal_settings(topo.grouping_params())
+    return None if s is None else worker_mod.SignalSettings(**s)
 
 
 def shard_block_rows(topo: Topology) -> int:
@@ -237,10 +232,15 @@ def run_pipeline(
         sig = signal_settings(topo)
         qcap = min(wspec.queue_batches, topo.sources * run.max_inflight)
 
+        scheme = SCHEMES[topo.grouping.scheme]
+        inactive = faults_mod.not_yet_added(topo)
+        coordinator = (scheme.coordinator(n, topo.grouping_params(),
+                                          alive=[w for w in range(n) if w not in inactive])
+                       if scheme.coordinated else None)
         Agg = aggregator_mod.actor_class()
         agg = Agg.options(name="aggregator", namespace=namespace,
                           **actor_options(topo.placement.get("aggregator"))).remote(
-            topo.app.kind, app_params)
+            topo.app.kind, app_params, coordinator)
         actors.append(agg)
 
         Worker = worker_mod.actor_class()
@@ -255,7 +255,8 @@ def run_pipeline(
                 i, topo.app.kind, app_params, agg,
                 service_us=wspec.service_us, capacity=caps.initial[i], throttle=wspec.throttle,
                 queue_batches=wspec.queue_batches, queue_capacity_batches=qcap,
-                slot_s=run.slot_s, signals=sig, aggregate_every_s=topo.app.aggregate_every_s)
+                slot_s=run.slot_s, signals=sig, aggregate_every_s=topo.app.aggregate_every_s,
+                report_every_s=coordinator.epoch_s if coordinator is not None else None)
             workers.append(w)
             actors.append(w)
         # bounded: a placement the cluster cannot serve now fails instead of hanging
@@ -274,12 +275,14 @@ def run_pipeline(
                 topo.grouping_params(), batch=run.batch, max_inflight=run.max_inflight,
                 rate_per_source=run.rate / topo.sources, key="key", label=label,
                 vw_every_s=run.slot_s, aggregator=agg, epoch=epoch,
-                dead_workers=faults_mod.not_yet_added(topo) if dead is None else dead)
+                dead_workers=inactive if dead is None else dead,
+                capacities=caps.initial, capacity_changes=caps.changes,
+                report_every_s=coordinator.epoch_s if coordinator is not None else 1.0)
             actors.append(src)
             return src
 
         sources = [make_source(s) for s in range(topo.sources)]
-        ray.get([s.progress.remote() for s in sources])  # constructed (grouping compiled)
+        ray.get([s.prepare.remote() for s in sources])  # grouping compiled, first batch read
         faults = faults_mod.FaultManager(topo, workers, sources, agg, make_source, say)
         cluster_info = cluster_mod.cluster_summary(
             {"aggregator": agg, **{f"worker-{i}": w for i, w in enumerate(workers)},
@@ -296,7 +299,7 @@ def run_pipeline(
                                       app=topo.app.kind, workers=n, sources=topo.sources,
                                       messages=total)
         t0 = time.time()
-        ray.get([w.start_run.remote(t0, namespace) for w in workers])
+        ray.get([w.start_run.remote(t0, namespace) for w in workers] + [agg.start_run.remote(t0)])
         if throttling is not None:
             throttling.start(t0)
         faults.start(t0, namespace)  # the sources' runs (restarted ones replace theirs)
@@ -472,6 +475,10 @@ def build_report(
     }
     if full_rate:  # throughput / what the configured capacities allow
         report["capacity_efficiency"] = throughput / (caps.mean_total(duration_s) * full_rate)
+    coord = agg_stats.get("coordinator")
+    if coord is not None:
+        report["coordinator"] = coordinator_report(
+            coord, [s["grouping"].get("tables_adopted", []) for s in source_stats], duration_s)
     if vw is not None:
         report["vw_ownership"] = {
             "t_s": [float(t) for t in t_s],

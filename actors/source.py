@@ -41,16 +41,18 @@ actor so that ``progress()`` answers while ``run()`` is streaming.
 from __future__ import annotations
 
 import collections
+import itertools
 import os
 import threading
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any, Protocol
 
 import numpy as np
 import pyarrow as pa
 
-from runtime.hashing import hash_keys
+from runtime.grouping.acg import FIRST_PLAN_S, RoutedMeter
+from runtime.hashing import hash_arrow
 from runtime.reliability import (
     IDX_DTYPE,
     Entry,
@@ -94,6 +96,14 @@ class Control(Protocol):
         """Make each worker flush and wait for the commit: worker -> committed
         flush sequence, or a ``WorkerLost``."""
 
+    def report_routed(self, source: int, report: dict[str, Any]) -> None:
+        """A coordinated scheme's load report (``RoutedMeter.take``): what this
+        source routed per VW; without waiting for the answer (``poll_table``)."""
+
+    def poll_table(self) -> Any:
+        """The controller's table answered to the latest ``report_routed``, once
+        it is there (else None)."""
+
 
 def keys_of(table: pa.Table, key: str) -> pa.Array:
     col = table.column(key)
@@ -101,9 +111,7 @@ def keys_of(table: pa.Table, key: str) -> pa.Array:
 
 
 def hash_arrow_keys(keys: pa.Array) -> np.ndarray:
-    if pa.types.is_integer(keys.type) and keys.null_count == 0:
-        return hash_keys(keys.to_numpy())
-    return hash_keys(keys.to_numpy(zero_copy_only=False))
+    return hash_arrow(keys)
 
 
 class SourceCore:
@@ -128,16 +136,24 @@ class SourceCore:
         control: Control | None = None,
         epoch: int = 0,
         dead_workers: Iterable[int] = (),
+        capacities: Sequence[float] | None = None,
+        capacity_changes: Sequence[tuple[float, int, float]] = (),
+        report_every_s: float = 1.0,
     ) -> None:
         self.index = int(index)
         self.grouping = grouping
         self.transport = transport
         self.n_workers = int(n_workers)
         self.max_inflight = int(max_inflight)
-        self.outbox_max = self.max_inflight if outbox is None else int(outbox)
+        #: an outbox may hold ``outbox`` (default ``max_inflight``) batches' worth
+        #: of messages before the source blocks - a bound in messages, so a
+        #: worker sent small sub-batches (few VWs) does not block the source early
+        self.outbox_batches = self.max_inflight if outbox is None else int(outbox)
+        self._batch_rows = 1  # the largest batch routed so far
         # per worker: routed sub-batches waiting for a free in-flight slot (FIFO)
         self._outbox: list[collections.deque] = [collections.deque()
                                                  for _ in range(self.n_workers)]
+        self._outbox_n = np.zeros(self.n_workers, dtype=np.int64)  # messages in each
         self.rate = float(rate_per_source)
         self.key = key
         self.label = label
@@ -176,6 +192,19 @@ class SourceCore:
         self.resume: dict[str, Any] | None = None  # what a restart skipped / re-sent
         self.acks_done_ts: float | None = None  # the stream's last ack (before commits)
         self.retained_peak = 0  # most messages held in the replay log at once
+        self.rerouted = 0  # unsent messages moved by a new VW table (coordinated schemes)
+        #: coordinated schemes: per-VW routed counts, sent every ``report_every_s``
+        self.report_every_s = float(report_every_s)
+        self._routed = (RoutedMeter(grouping.n_virtual, clock())
+                        if self.grouping.coordinated else None)
+        self._load_reports = 0
+        # reference schemes (WRR) are told the configured capacities as they change
+        self._cap_changes: list[tuple[float, int, float]] = []
+        if self.grouping.knows_capacities:
+            for w, c in enumerate(capacities or [1.0] * self.n_workers):
+                self.grouping.on_capacity(w, c)
+            self._cap_changes = sorted((float(a), int(w), float(c))
+                                       for a, w, c in capacity_changes)
 
     # ------------------------------------------------------------------ acks
     def _handle(self, done: list[tuple[Any, Any]]) -> None:
@@ -203,9 +232,11 @@ class SourceCore:
             if entry.replay:
                 self._replay_acked(entry)
             self.grouping.on_ack(int(ack["worker"]), int(ack.get("signal", 0)), n)
+            self._take_table(ack.get("table"))
         self._record_vw()
 
     def _wait_some(self, timeout: float | None = None) -> None:
+        self._report_load()  # a blocked source still reports (what it routed)
         self._check_notices()
         if not self._inflight:
             return
@@ -227,6 +258,13 @@ class SourceCore:
             self._joined.add(int(worker))
 
     def _check_notices(self) -> None:
+        if self._routed is not None and self.control is not None:
+            self._take_table(self.control.poll_table())
+        if self._cap_changes and self.t0 is not None:
+            now_s = self.clock() - self.t0
+            while self._cap_changes and self._cap_changes[0][0] <= now_s:
+                _, w, c = self._cap_changes.pop(0)
+                self.grouping.on_capacity(w, c)
         if not self._notices and not self._joined:
             return
         with self._notice_lock:
@@ -256,6 +294,7 @@ class SourceCore:
             del self._inflight[token]
         self._inflight_per_worker[w] = 0
         self._outbox[w].clear()
+        self._outbox_n[w] = 0
         held_before = list(self.log.entries(w))
         unacked = sum(len(e.idx) for e in held_before if e.flush_seq is None)
         lost = self.log.take(w, committed, held)
@@ -301,14 +340,73 @@ class SourceCore:
                 self.failures[i]["recovered_ts"] = self.clock()
                 del self._replaying[i]
 
+    def _reroute_outboxes(self) -> None:
+        """A new VW table: sub-batches still in an outbox (routed, never sent) go
+        where their VWs are now; sent ones stay (no message migrates)."""
+        elsewhere: list[Entry] = []
+        for w, q in enumerate(self._outbox):
+            items = list(q)
+            q.clear()
+            for e in items:
+                dest = self.grouping.owner_of(e.vws) if e.vws is not None else None
+                if dest is None or (dest == w).all():
+                    q.append(e)
+                    continue
+                self.log.remove(e)
+                parts = [self.log.add(e.subset(np.flatnonzero(dest == u), int(u)))
+                         for u in np.unique(dest)]
+                for part in parts:
+                    if part.worker == w:
+                        q.append(part)
+                        continue
+                    elsewhere.append(part)
+                    self._outbox_n[w] -= len(part.idx)
+                    self.sent_per_worker[w] -= len(part.idx)
+                    self.sent_per_worker[part.worker] += len(part.idx)
+                    self.rerouted += len(part.idx)
+                if e.replay:  # a failure waiting for this replay now waits for its parts
+                    for pending in self._replaying.values():
+                        if id(e) in pending:
+                            pending.discard(id(e))
+                            pending |= {id(x) for x in parts}
+        for part in elsewhere:
+            self._queue(part)
+        self._flush()
+
+    def _take_table(self, table: Any) -> None:
+        """A coordinated scheme's table (on an ack, or the answer to a load
+        report): a newer one re-routes what the outboxes still hold."""
+        if table is not None and self.grouping.on_table(table):
+            self._reroute_outboxes()
+
+    def _report_load(self, vws: np.ndarray | None = None, final: bool = False) -> None:
+        """Coordinated schemes: count what is routed per VW; every
+        ``report_every_s`` - the first time after ``FIRST_PLAN_S`` - and at the
+        end, send it to the controller, whose answer is its latest table."""
+        if self._routed is None or self.control is None:
+            return
+        if vws is not None:
+            self._routed.routed(vws)
+        now = self.clock()
+        due = FIRST_PLAN_S if self._load_reports == 0 else self.report_every_s
+        if final or now - self._routed.since >= due:
+            self._load_reports += 1
+            self.control.report_routed(self.index, self._routed.take(now))
+
+    def _queue(self, e: Entry) -> None:
+        self._outbox[e.worker].append(e)
+        self._outbox_n[e.worker] += len(e.idx)
+
     def _record_vw(self, force: bool = False) -> None:
-        per = getattr(self.grouping, "vw_per_worker", None)
-        if per is None or self.t0 is None:
+        if self.t0 is None:
             return
         now = self.clock()
         if force or now >= self._next_vw:
+            per = self.grouping.vw_per_worker()
+            if per is None:
+                return
             self._next_vw = now + self.vw_every_s
-            self.vw_history.append((now - self.t0, [int(x) for x in per()]))
+            self.vw_history.append((now - self.t0, [int(x) for x in per]))
 
     # ------------------------------------------------------------------ main loop
     def _route_entries(self, batch: int, pos: np.ndarray, keys: pa.Array,
@@ -316,7 +414,14 @@ class SourceCore:
                        replay: bool = False) -> list[Entry]:
         """Route messages ``pos`` of batch ``batch`` (``keys`` / ``labels`` in the
         same order); queue one retained ``Entry`` per destination worker."""
-        dest = np.asarray(self.grouping.route(hash_arrow_keys(keys)), dtype=np.int64)
+        hashes = hash_arrow_keys(keys)
+        vws = None
+        if self.grouping.coordinated:  # keep each message's VW: a new table re-routes
+            vws = self.grouping.route_virtual(hashes)
+            dest = np.asarray(self.grouping.owner_of(vws), dtype=np.int64)
+            self._report_load(vws)
+        else:
+            dest = np.asarray(self.grouping.route(hashes), dtype=np.int64)
         order = np.argsort(dest, kind="stable")
         counts = np.bincount(dest, minlength=self.n_workers)
         bounds = np.concatenate([[0], np.cumsum(counts)])
@@ -325,8 +430,8 @@ class SourceCore:
             sel = order[bounds[w]:bounds[w + 1]]
             e = self.log.add(Entry(int(w), batch, pos[sel], keys.take(pa.array(sel)),
                                    labels[sel] if labels is not None else None, emit,
-                                   replay=replay))
-            self._outbox[w].append(e)
+                                   replay=replay, vws=None if vws is None else vws[sel]))
+            self._queue(e)
             self.sent_per_worker[w] += len(sel)
             out.append(e)
         self.retained_peak = max(self.retained_peak, self.log.messages)
@@ -363,7 +468,8 @@ class SourceCore:
         # backpressure: a worker whose outbox is over its bound blocks this source
         # (memory per worker <= max_inflight + outbox sub-batches); the others
         # keep being fed meanwhile instead of idling behind it
-        while any(len(q) > self.outbox_max for q in self._outbox):
+        self._batch_rows = max(self._batch_rows, n)
+        while (self._outbox_n > self.outbox_batches * self._batch_rows).any():
             self._wait_some()
             self._flush()
         # opportunistic: take acks that are already there, without blocking
@@ -376,6 +482,7 @@ class SourceCore:
         for w, q in enumerate(self._outbox):
             while q and self._inflight_per_worker[w] < self.max_inflight:
                 e = q.popleft()
+                self._outbox_n[w] -= len(e.idx)
                 tag = Tag(self.index, self.epoch, e.batch, e.idx, watermark)
                 token = self.transport.send(w, e.keys, e.labels, e.emit_ts, tag=tag)
                 self._inflight[token] = e
@@ -387,6 +494,8 @@ class SourceCore:
         start = self.clock()
         if self.t0 is None:
             self.t0 = start
+        if self._routed is not None:  # the load reports' windows start with the run
+            self._routed.since = max(start, self.t0)
         self._record_vw(force=True)
         resume: dict[str, Any] = {}
         if plan is not None:
@@ -411,6 +520,7 @@ class SourceCore:
                 if ahead > 0:
                     self.sleep(ahead)
         self.drain()
+        self._report_load(final=True)
         self._record_vw(force=True)
         self.done = True
         return self.stats(start)
@@ -483,6 +593,7 @@ class SourceCore:
             "live_workers": sorted(self.live),
             "retained_peak_messages": self.retained_peak,
             "joins": self.joins,
+            "rerouted_messages": self.rerouted,
         }
 
 
@@ -536,6 +647,7 @@ class RayControl:
         self._ray = ray
         self.aggregator = aggregator
         self.workers = list(workers)
+        self._table_ref: Any = None
 
     def fence_worker(self, worker: int, source: int) -> tuple[int, list[Any]]:
         seq, held = self._ray.get(self.aggregator.fence_for_source.remote(worker, source))
@@ -550,6 +662,19 @@ class RayControl:
             except self._ray.exceptions.RayActorError as e:
                 out[w] = WorkerLost(w, type(e).__name__)
         return out
+
+    def report_routed(self, source: int, report: dict[str, Any]) -> None:
+        self._table_ref = self.aggregator.report_routed.remote(source, report)
+
+    def poll_table(self) -> Any:
+        ref = self._table_ref
+        if ref is None or not self._ray.wait([ref], timeout=0)[0]:
+            return None
+        self._table_ref = None
+        try:
+            return self._ray.get(ref)
+        except self._ray.exceptions.RayError:  # the aggregator is gone: the acks still carry tables
+            return None
 
     def fence_source(self, source: int, epoch: int, live: Iterable[int]) -> ResumePlan:
         """Fence ``source``'s older incarnations on every live worker and plan the resume."""
@@ -577,22 +702,29 @@ class SourceActor:
                  n_workers: int, seed: int, grouping_params: dict[str, Any], *,
                  batch: int, max_inflight: int, rate_per_source: float, key: str,
                  label: str | None, vw_every_s: float = 0.5, aggregator: Any = None,
-                 epoch: int = 0, dead_workers: Sequence[int] = ()) -> None:
+                 epoch: int = 0, dead_workers: Sequence[int] = (),
+                 capacities: Sequence[float] | None = None,
+                 capacity_changes: Sequence[tuple[float, int, float]] = (),
+                 report_every_s: float = 1.0) -> None:
         from runtime.grouping import make_grouping
 
         self.shard = shard
         self.batch = int(batch)
-        grouping = make_grouping(scheme, n_workers, seed=seed, clock=time.monotonic,
+        # the wall clock: tables' adoption times compare with the controller's
+        grouping = make_grouping(scheme, n_workers, seed=seed, clock=time.time,
                                  **grouping_params)
         self.control = RayControl(aggregator, workers) if aggregator is not None else None
+        self._prepared: Iterator[pa.Table] | None = None
         self.core = SourceCore(index, grouping, RayTransport(index, workers),
                                n_workers=n_workers, max_inflight=max_inflight,
                                rate_per_source=rate_per_source, key=key, label=label,
                                vw_every_s=vw_every_s, control=self.control, epoch=epoch,
-                               dead_workers=dead_workers)
+                               dead_workers=dead_workers, capacities=capacities,
+                               capacity_changes=capacity_changes,
+                               report_every_s=report_every_s)
         self._lock = threading.Lock()
 
-    def _batches(self) -> Iterable[pa.Table]:
+    def _batches(self) -> Iterator[pa.Table]:
         """The shard in order, in batches of ``batch`` rows: the same boundaries
         on every pass, which a restarted source relies on (batch numbers)."""
         import ray
@@ -601,6 +733,16 @@ class SourceActor:
         cols = [self.core.key] + ([self.core.label] if self.core.label else [])
         for b in self.shard.iter_batches(batch_size=self.batch, batch_format="pyarrow"):
             yield b.select(cols) if isinstance(b, pa.Table) else pa.table(b).select(cols)
+
+    def prepare(self) -> None:
+        """Start reading the shard before the run's clock starts: Ray Data's
+        iterator takes ~1 s to deliver its first batch, which is loading, not
+        streaming; and load the compiled routing kernels (an empty batch)."""
+        self.core.grouping.route(np.zeros(0, dtype=np.uint64))
+        hash_arrow(pa.array([], type=pa.string()))
+        it = self._batches()
+        first = next(it, None)
+        self._prepared = it if first is None else itertools.chain([first], it)
 
     def run(self, t0: float, run_id: str | None = None) -> dict[str, Any]:
         """``run_id``: the run's name in live metrics (the driver passes its namespace)."""
@@ -612,8 +754,9 @@ class SourceActor:
                 plan = self.control.fence_source(self.core.index, self.core.epoch,
                                                  sorted(self.core.live))
             self.resumed_ts = time.time()
+            batches, self._prepared = self._prepared or self._batches(), None
             with _LiveMetrics(self.core, run_id):
-                stats = self.core.run(self._batches(), plan)
+                stats = self.core.run(batches, plan)
             stats["started_ts"] = started
             stats["resumed_ts"] = self.resumed_ts
             stats["peak_rss_mb"] = peak_rss_mb()

@@ -334,9 +334,9 @@ class SourceTelemetry(_Ticker):
         self._add("hs_source_migrations", getattr(g, "migrations", 0))
         for kind, v in dict(getattr(g, "signals", {})).items():
             self._add("hs_source_signals", v, kind=kind)
-        per = getattr(g, "vw_per_worker", None)
+        per = g.vw_per_worker()
         if per is not None:
-            for w, v in enumerate(np.asarray(per()).tolist()):
+            for w, v in enumerate(np.asarray(per).tolist()):
                 self.emit("hs_source_vw_owned", v, worker=w)
         self.emit("hs_heartbeat_seconds", self.wall())
 

@@ -12,6 +12,13 @@ CPU-bound process; a worker whose service time is emulated with sleeps uses
 little CPU and is barely slowed by it - use ``duty-cycle`` for sleep-emulated
 work (see DESIGN.md, "Facts about the platform").
 
+Exact stopped time: a duty-cycle throttler publishes, for every process it
+throttles, the seconds it has kept it stopped so far, in a small file on its
+node (``stopped_path(pid)``, in ``/dev/shm``), updated just before each
+SIGCONT. A worker's service emulator reads it (``StoppedClock``) to know how
+much of a sleep was a stop - exactly, where guessing from the sleep's
+overshoot also counts a late wake-up (GIL, busy CPU) as a stop.
+
 Safety: every PID ever stopped gets SIGCONT on ``stop()``, when the thread
 exits for any reason (also on exceptions), and at interpreter exit; a
 throttler is also a context manager. A process must never be left stopped.
@@ -24,10 +31,13 @@ same class behind ``ray.remote``, pinned to a node) for every other node.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import os
 import shutil
 import signal
+import struct
 import subprocess
+import tempfile
 import threading
 import time
 import weakref
@@ -52,6 +62,54 @@ class ThrottleError(RuntimeError):
     pass
 
 
+#: where throttlers publish stopped time (tmpfs when there is one)
+STOP_DIR = "/dev/shm" if os.path.isdir("/dev/shm") else tempfile.gettempdir()
+_STOP_FMT = struct.Struct("d")
+
+
+def stopped_path(pid: int) -> str:
+    return os.path.join(STOP_DIR, f"hetero-stream-stopped-{int(pid)}")
+
+
+def publish_stopped(pid: int, seconds: float) -> None:
+    """Write ``pid``'s total stopped seconds (one 8-byte write: never torn)."""
+    fd = os.open(stopped_path(pid), os.O_WRONLY | os.O_CREAT, 0o644)
+    try:
+        os.pwrite(fd, _STOP_FMT.pack(float(seconds)), 0)
+    finally:
+        os.close(fd)
+
+
+class StoppedClock:
+    """Seconds this process (``pid``) has been kept stopped by a duty-cycle
+    throttler of its node, as published by it; 0 while it publishes nothing
+    (not throttled). Cheap: one ``pread`` per call once the file exists."""
+
+    def __init__(self, pid: int | None = None, retry_s: float = 0.5) -> None:
+        self.path = stopped_path(os.getpid() if pid is None else pid)
+        self.retry_s = retry_s
+        self._fd: int | None = None
+        self._next_try = 0.0
+
+    def __call__(self) -> float:
+        if self._fd is None:
+            now = time.monotonic()
+            if now < self._next_try:
+                return 0.0
+            self._next_try = now + self.retry_s
+            try:
+                self._fd = os.open(self.path, os.O_RDONLY)
+            except OSError:
+                return 0.0
+        data = os.pread(self._fd, _STOP_FMT.size, 0)
+        return _STOP_FMT.unpack(data)[0] if len(data) == _STOP_FMT.size else 0.0
+
+    def close(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+
 class DutyCycleThrottler:
     """Duty-cycle throttling of local PIDs to their capacities; see the module docstring."""
 
@@ -69,7 +127,8 @@ class DutyCycleThrottler:
         self.kill = kill
         self.capacities: dict[int, float] = {}
         self._schedule: list[tuple[float, int, float]] = []  # (absolute time, pid, capacity)
-        self._stopped: set[int] = set()  # PIDs we stopped and have not resumed yet
+        self._stopped: dict[int, float] = {}  # PIDs stopped and not resumed: since when
+        self._stopped_total: dict[int, float] = {}  # published stopped seconds per PID
         self._ever: set[int] = set()
         self._lock = threading.Lock()
         self._halt = threading.Event()
@@ -86,6 +145,7 @@ class DutyCycleThrottler:
         with self._lock:
             self.capacities[int(pid)] = float(capacity)
             self._ever.add(int(pid))
+            self._publish(int(pid))
 
     def schedule(self, changes: Iterable[tuple[float, int, float]], t0: float) -> None:
         """Capacity changes ``(at_s, pid, capacity)``, ``at_s`` seconds after ``t0``."""
@@ -107,20 +167,41 @@ class DutyCycleThrottler:
             return True
         except ProcessLookupError:  # the process is gone: forget it
             self.capacities.pop(pid, None)
-            self._stopped.discard(pid)
+            self._stopped.pop(pid, None)
             return False
+
+    def _publish(self, pid: int) -> None:
+        try:
+            publish_stopped(pid, self._stopped_total.get(pid, 0.0))
+        except OSError:  # no shared file: the worker guesses stops from its sleeps
+            pass
 
     def _stop_pid(self, pid: int) -> None:
         # mark first: if the kill races with release, release will SIGCONT it
-        self._stopped.add(pid)
+        self._stopped[pid] = self.clock()
         if not self._signal(pid, signal.SIGSTOP):
-            self._stopped.discard(pid)
+            self._stopped.pop(pid, None)
+
+    def _end_stop(self, pid: int) -> None:
+        """Publish the stop of ``pid`` that ends now (before its SIGCONT, so the
+        process, when it runs again, already reads a total that includes it)."""
+        since = self._stopped.pop(pid, None)
+        if since is not None:
+            self._stopped_total[pid] = self._stopped_total.get(pid, 0.0) + max(
+                0.0, self.clock() - since)
+            self._publish(pid)
+
+    def _resume(self, pid: int) -> None:
+        self._end_stop(pid)
+        self._signal(pid, signal.SIGCONT)
 
     def release(self) -> None:
         """SIGCONT every PID this throttler ever touched (idempotent)."""
         with self._lock:
-            pids = set(self._stopped) | set(self._ever)
-            self._stopped.clear()
+            stopped = list(self._stopped)
+            for pid in stopped:
+                self._end_stop(pid)
+            pids = set(stopped) | set(self._ever)
         for pid in pids:
             try:
                 self.kill(pid, signal.SIGCONT)
@@ -137,8 +218,7 @@ class DutyCycleThrottler:
         with self._lock:
             self._apply_due(start)
             for pid in list(self._stopped):
-                self._signal(pid, signal.SIGCONT)
-                self._stopped.discard(pid)
+                self._resume(pid)
             plan = sorted((c, pid) for pid, c in self.capacities.items() if c < 1.0)
         self.cycles += 1
         for cap, pid in plan:
@@ -172,6 +252,9 @@ class DutyCycleThrottler:
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(timeout=5)
         self.release()
+        for pid in self._ever:
+            with contextlib.suppress(OSError):
+                os.unlink(stopped_path(pid))
         _LIVE.discard(self)
 
     def status(self) -> dict[str, Any]:

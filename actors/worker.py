@@ -48,6 +48,7 @@ from typing import Any
 
 import numpy as np
 
+from runtime.grouping.acg import FIRST_PLAN_S, RateMeter
 from runtime.latency import LatencyHistogram
 from runtime.reliability import ClaimLog, Flush, Tag, peak_rss_mb
 from runtime.service import ServiceEmulator
@@ -125,6 +126,8 @@ class WorkerCore:
         t0: float | None = None,
         clock: Clock = time.time,
         sleep: Callable[[float], None] = time.sleep,
+        report_every_s: float | None = None,
+        stopped_clock: Clock | None = None,
     ) -> None:
         self.worker_id = int(worker_id)
         self.app_state = app_state
@@ -133,7 +136,8 @@ class WorkerCore:
         self.t0 = clock() if t0 is None else float(t0)
         self.capacity = float(capacity)
         scale = self.capacity if throttle == "service" else 1.0
-        self.service = ServiceEmulator(service_us, scale, clock=clock, sleep=sleep)
+        self.service = ServiceEmulator(service_us, scale, clock=clock, sleep=sleep,
+                                       stopped_clock=stopped_clock)
         self.queue_batches = int(queue_batches)
         self.queue_capacity = int(queue_capacity_batches or queue_batches)
         self._queue: queue.Queue[_Item | None] = queue.Queue(maxsize=self.queue_batches)
@@ -142,6 +146,15 @@ class WorkerCore:
         self.signal_settings = signals
         self._signalers: dict[int, LoadSignaler] = {}
         self.aggregate_every_s = float(aggregate_every_s)
+        #: coordinated schemes (ACG): flushes also carry a ``report`` (messages
+        #: served, seconds serving them) at least every ``report_every_s``, the first
+        #: one early; the controller's tables come back (``on_table``) and go
+        #: to each source on its next ack
+        self.report_every_s = report_every_s
+        self._flush_every = self._first_flush_s()
+        self._meter = RateMeter()
+        self.table: Any = None
+        self._table_sent: dict[int, int] = {}
         self.sink = sink
         self.slots = _Slots(slot_s)
         self.latency = LatencyHistogram()
@@ -160,6 +173,11 @@ class WorkerCore:
         self.claims = ClaimLog()
         self._committed = threading.Condition()
 
+    def _first_flush_s(self) -> float:
+        if self.report_every_s is None:
+            return self.aggregate_every_s
+        return min(self.aggregate_every_s, self.report_every_s, FIRST_PLAN_S)
+
     # ------------------------------------------------------------------ time base
     def _rel(self, t: float) -> float:
         return t - self.t0
@@ -172,6 +190,8 @@ class WorkerCore:
         s = self.slots
         s.add_interval(s.queue_msgs_area, self._last_t, now_rel, self._q_msgs)
         s.add_interval(s.queue_batches_area, self._last_t, now_rel, self._q_batches)
+        if self._q_batches > 0:  # the rate meter's busy time: time with work
+            self._meter.working(now_rel - self._last_t)
         self._last_t = max(self._last_t, now_rel)
 
     def _changed(self, d_batches: int, d_msgs: int) -> None:
@@ -190,6 +210,8 @@ class WorkerCore:
             self.t0 = float(t0)
             self._last_t = self._rel(self.clock())
             self._last_flush = self.clock()
+            self._flush_every = self._first_flush_s()
+            self._meter = RateMeter()
             self.slots = _Slots(self.slots.slot_s)
 
     # ------------------------------------------------------------------ input side
@@ -303,6 +325,7 @@ class WorkerCore:
             self.latency.add(lat)
             self.processed += item.n
             self.batches += 1
+            self._meter.served(item.n)
         self._changed(-1, -item.n)
         signal = 0
         sig = self._signalers.get(item.source)
@@ -319,16 +342,25 @@ class WorkerCore:
             "flush_seq": flush_seq,
             "committed_seq": self.claims.committed_seq,
         }
+        table = self.table
+        if table is not None and self._table_sent.get(item.source, 0) < table.version:
+            item.ack["table"] = table  # each source gets each new table once
+            self._table_sent[item.source] = table.version
         item.keys = item.labels = None
         item.done.set()
 
     def maybe_flush(self, force: bool = False) -> bool:
         now = self.clock()
-        if not force and now - self._last_flush < self.aggregate_every_s:
+        if not force and now - self._last_flush < self._flush_every:
             return False
         with self._proc_lock:  # the sink is called in sequence order
             self._last_flush = now
             flush = self.claims.close(self.worker_id, self.app_state.flush())
+            if self.report_every_s is not None:
+                with self._lock:
+                    self._account(max(self._rel(self.clock()), self._last_t))
+                    flush.report = self._meter.take()
+                self._flush_every = min(self.aggregate_every_s, self.report_every_s)
             self.flushes += 1
             if self.sink is not None:
                 self.sink(flush)
@@ -340,6 +372,11 @@ class WorkerCore:
             if self.claims.open_messages:
                 self.maybe_flush(force=True)
             return self.claims.open_seq - 1
+
+    def on_table(self, table: Any) -> None:
+        """The controller's latest VW table (from the commit answers)."""
+        if table is not None and (self.table is None or table.version > self.table.version):
+            self.table = table
 
     def on_committed(self, seq: int) -> None:
         """The aggregator committed flush ``seq`` (and every earlier one)."""
@@ -487,6 +524,10 @@ class WorkerActor:
         self._inflight_commits = 0
         self._commit_lock = threading.Condition()
         app = make_app(app_kind, **app_params)
+        if kwargs.get("throttle", "duty-cycle") == "duty-cycle":
+            from actors.throttle import StoppedClock
+
+            kwargs["stopped_clock"] = StoppedClock()  # what the throttler says, exactly
         self.core = WorkerCore(worker_id, app.new_worker_state(), sink=self._sink, **kwargs)
         self._telemetry: Any = None  # live metrics (actors.telemetry), from start_run
         self._thread = threading.Thread(target=self._loop, name=f"worker-{worker_id}", daemon=True)
@@ -512,13 +553,16 @@ class WorkerActor:
             if job is None:
                 return
             _, ref = job
+            table = None
             try:
-                verdict, committed = self._ray.get(ref)
+                verdict, committed, *rest = self._ray.get(ref)
+                table = rest[0] if rest else None
             except Exception as e:  # noqa: BLE001 - the aggregator is gone: nothing commits
                 self._commit_error = e
                 verdict, committed = "error", 0
             if verdict == "fenced":
                 os._exit(1)  # declared dead; sources replayed our uncommitted work
+            self.core.on_table(table)
             self.core.on_committed(committed)
             with self._commit_lock:
                 self._inflight_commits -= 1

@@ -70,6 +70,9 @@ class Flush:
     claims: dict[int, list[tuple[int, np.ndarray]]]  # source -> [(batch, idx)]
     watermarks: dict[int, int]  # source -> latest watermark seen by the worker
     messages: int  # messages in this flush
+    #: what the worker measured since its previous flush, for a coordinated
+    #: scheme's controller (``runtime.grouping.acg``), or None
+    report: dict[str, Any] | None = None
 
 
 class WorkerLost(Exception):
@@ -103,6 +106,17 @@ class Entry:
     emit_ts: float
     flush_seq: int | None = None  # set by the ack: the worker flush that holds it
     replay: bool = False  # re-routed after a worker death (or rebuilt by a resume)
+    vws: np.ndarray | None = None  # each message's virtual worker (coordinated schemes)
+
+    def subset(self, sel: np.ndarray, worker: int | None = None) -> Entry:
+        """The messages at positions ``sel`` as a new entry (for ``worker``)."""
+        import pyarrow as pa
+
+        return Entry(self.worker if worker is None else int(worker), self.batch,
+                     self.idx[sel], self.keys.take(pa.array(sel)),
+                     None if self.labels is None else np.asarray(self.labels)[sel],
+                     self.emit_ts, self.flush_seq, self.replay,
+                     None if self.vws is None else self.vws[sel])
 
 
 class ReplayLog:
@@ -182,17 +196,16 @@ class ReplayLog:
                 if not keep.any():
                     continue
                 if not keep.all():
-                    import pyarrow as pa
-
-                    sel = np.flatnonzero(keep)
-                    e = Entry(e.worker, e.batch, e.idx[sel], e.keys.take(pa.array(sel)),
-                              None if e.labels is None else np.asarray(e.labels)[sel],
-                              e.emit_ts, e.flush_seq, e.replay)
+                    e = e.subset(np.flatnonzero(keep))
             out.append(e)
         for e in mine:
             self._drop(e)
         self._by_worker.pop(worker, None)
         return sorted(out, key=lambda e: e.batch)
+
+    def remove(self, entry: Entry) -> None:
+        """Forget an entry that was never sent (it is re-routed as new ones)."""
+        self._drop(entry)
 
     def watermark(self, next_batch: int) -> int:
         """Every batch below this is fully committed (``next_batch``: the first not routed)."""

@@ -139,8 +139,8 @@ TOPOLOGY_CASES = [
     ("change-capacity-zero", "workers: {changes: [{at_s: 1, worker: 0, capacity: 0}]}\n",
      "workers.changes.0.capacity: must be > 0.0 (got 0)"),
     ("unknown-scheme", "grouping: {scheme: pck}\n",
-     "grouping.scheme: unknown scheme 'pck', did you mean 'pkg'? (known: cg, ch, chbl, "
-     "dalton, dchoices, fish, gedik, kg, pkg, porc, potc, sg, wchoices)"),
+     "grouping.scheme: unknown scheme 'pck', did you mean 'pkg'? (known: acg, cg, ch, chbl, "
+     "dalton, dchoices, fish, gedik, kg, pkg, porc, potc, sg, wchoices, wrr)"),
     ("scheme-wrong-case", "grouping: {scheme: KG}\n",
      "grouping.scheme: unknown scheme 'KG', did you mean 'kg'?"),
     ("bad-param-value", "grouping: {scheme: cg, eps: -1}\n",

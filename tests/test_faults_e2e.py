@@ -66,7 +66,7 @@ def _run_exact(spark, topo, out: Path, **kw) -> dict:
     return report
 
 
-@pytest.mark.parametrize("scheme", ["kg", "cg", "fish"])
+@pytest.mark.parametrize("scheme", ["kg", "cg", "fish", "acg"])
 def test_worker_and_source_kill_is_exact(ray_spark, tmp_path, scheme) -> None:
     # worker-3 dies 1 s after the 2 s flush: what it processed since then is
     # uncommitted and must be replayed, even if a loaded machine delays the
@@ -181,7 +181,7 @@ def test_stalled_worker_keeps_memory_bounded_and_run_exact(ray_spark, tmp_path, 
         assert s["retained_peak_messages"] < 0.25 * report["messages"]["input"], s
 
 
-@pytest.mark.parametrize("scheme", ["ch", "fish", "cg"])
+@pytest.mark.parametrize("scheme", ["ch", "fish", "cg", "acg"])
 def test_workers_added_and_removed_mid_run_is_exact(ray_spark, tmp_path, scheme) -> None:
     """workers.changes add/remove: 3 workers, a 4th joins at 2 s, worker 0 leaves
     at 4.5 s (retired through the failure path: fenced, its uncommitted work
@@ -196,3 +196,6 @@ def test_workers_added_and_removed_mid_run_is_exact(ray_spark, tmp_path, scheme)
     w = report["workers"]
     assert len(w) == 4 and w[3]["processed"] > 0 and w[0]["dead"]
     assert all([j["worker"] for j in s["joins"]] == [3] for s in report["sources"])
+    if scheme == "acg":  # the controller followed the membership: the newcomer
+        vw = report["coordinator"]["vw_per_worker"]  # has VWs, the leaver none
+        assert vw[0] == 0 and vw[3] >= 1 and report["coordinator"]["membership_moves"] > 0

@@ -110,8 +110,8 @@ def test_sg_counts_differ_by_at_most_one() -> None:
 
 
 #: schemes whose routing uses per-source randomness on purpose
-#: (dalton: epsilon-greedy exploration of hot keys)
-PER_SOURCE_RANDOM = {"sg", "potc", "dalton"}
+#: (dalton: epsilon-greedy exploration of hot keys; wrr: a seed-chosen phase, as sg)
+PER_SOURCE_RANDOM = {"sg", "potc", "dalton", "wrr"}
 
 
 @pytest.mark.parametrize("name", [s for s in ALL if s not in PER_SOURCE_RANDOM])

@@ -111,6 +111,38 @@ def test_throttled_cg_run_is_exact_and_moves_virtual_workers(ray_spark, tmp_path
     assert "capacity_efficiency" in report
 
 
+def test_throttled_acg_run_is_exact_measures_rates_and_moves_vws(ray_spark, tmp_path) -> None:
+    """ACG under a real duty cycle: exact answer; the controller measured the
+    slow worker (stopped 70% of every 100 ms) well below the others and moved
+    virtual workers off it; every source holds the controller's final table."""
+    topo = _topology(
+        "acg", {"format": "zipf", "messages": 60_000, "keys": 5_000, "skew": 0.8, "seed": 2},
+        workers={"count": 4, "service_us": 400, "capacity": [1, 1, 1, 0.3],
+                 "throttle": "duty-cycle"},
+        run={"batch": 500, "seed": 1},
+    )
+    report = _run_and_check(ray_spark, topo, tmp_path / "run")
+    c = report["coordinator"]
+    assert c["plans"] >= 1 and c["rates"][3] < 0.6 * min(c["rates"][:3]), c["rates"]
+    assert sum(c["vw_per_worker"]) == 64 and c["vw_per_worker"][3] < 16
+    assert c["agreement"]["tables"] == c["version"]
+    for s in report["sources"]:
+        assert s["grouping"]["vw_per_worker"] == c["vw_per_worker"]
+
+
+def test_wrr_gives_each_worker_its_capacity_share(ray_spark, tmp_path) -> None:
+    """The reference scheme is told the configured capacities: worker shares
+    follow them to within a message per source and batch (routing, not timing)."""
+    caps = [1.0, 1.0, 0.5, 0.25]
+    topo = _topology("wrr", {"format": "zipf", "messages": 30_000, "keys": 3_000},
+                     workers={"count": 4, "service_us": 0, "capacity": caps,
+                              "throttle": "service"})
+    report = _run_and_check(ray_spark, topo, tmp_path / "run")
+    got = [w["processed"] for w in report["workers"]]
+    want = [30_000 * c / sum(caps) for c in caps]
+    assert max(abs(g - x) for g, x in zip(got, want, strict=True)) <= 2 * 30, got
+
+
 @pytest.mark.parametrize("kind", ["naive-bayes", "heavy-hitters"])
 def test_other_apps_equal_spark(ray_spark, tmp_path, kind) -> None:
     topo = _topology("pkg", {"format": "zipf", "messages": 20_000, "keys": 500, "skew": 1.2},

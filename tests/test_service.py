@@ -34,8 +34,7 @@ def test_finish_times_per_message() -> None:
     em = ServiceEmulator(100.0, clock=ft.clock, sleep=ft.sleep)
     t0 = ft.t
     fin = em.serve(10)
-    start = t0 - em.burst_s  # an idle worker may use its burst allowance
-    assert fin == pytest.approx(start + np.arange(1, 11) * 100e-6)
+    assert fin == pytest.approx(t0 + np.arange(1, 11) * 100e-6)  # idle before: starts now
     assert ft.t >= fin[-1]
     assert all(s <= em.slice_s + 1e-12 for s in ft.sleeps)
 
@@ -79,6 +78,37 @@ def test_stopped_time_is_not_service(duty: float) -> None:
     # half a 1 ms slice per 100 ms stop still counts as service: +0.005
     assert rate / 5000.0 == pytest.approx(duty + 0.005, abs=0.005)
     assert em.stopped_s == pytest.approx((1 - duty) * (ft.t - t0), rel=0.1)
+
+
+def _stopped_clock(ft: FakeTime):
+    """What the duty-cycle throttler publishes: seconds stopped in windows ended so far."""
+    return lambda: sum(min(b, ft.t) - a for a, b in ft.stop_windows if a < ft.t)
+
+
+@pytest.mark.parametrize("duty", [0.7, 0.3, 0.1])
+def test_published_stopped_time_is_exact_and_late_wake_ups_are_service(duty: float) -> None:
+    """With the throttler's published stopped time, the rate is exactly
+    ``duty`` of full rate (no half-slice bonus), and a wake-up 2 ms late (a
+    busy CPU, another thread holding the GIL) is not taken for a stop -
+    guessing from the overshoot would lose that time."""
+    ft = FakeTime(overshoot_s=2e-3)
+    period = 0.1
+    ft.stop_windows = [(ft.t + k * period + duty * period, ft.t + (k + 1) * period)
+                       for k in range(400)]
+    em = ServiceEmulator(200.0, clock=ft.clock, sleep=ft.sleep, stopped_clock=_stopped_clock(ft))
+    t0 = ft.t
+    n = 0
+    while ft.t - t0 < 20.0:
+        em.serve(100)
+        n += 100
+    rate = n / (ft.t - t0)
+    assert rate / 5000.0 == pytest.approx(duty, abs=0.002)
+    guessed = ServiceEmulator(200.0, clock=ft.clock, sleep=ft.sleep)
+    t1 = ft.t
+    ft.stop_windows = []
+    for _ in range(50):
+        guessed.serve(100)
+    assert 5000 / (ft.t - t1) < 0.75 * 5000.0  # every late wake-up counted as a stop
 
 
 def test_zero_service_time_does_not_sleep() -> None:

@@ -16,7 +16,6 @@ import pytest
 
 from runtime import generators
 from runtime.grouping import SCHEMES, Grouping
-from runtime.grouping.base import Clock
 from runtime.report import REQUIRED_KEYS
 from runtime.sim import SimResult, simulate
 from runtime.sim.engine import Engine, SimParams, shard_order
@@ -274,11 +273,9 @@ class _Probe(Grouping):
     uses_feedback = True
     log: ClassVar[list[tuple[str, float, int, int, int]]] = []
 
-    def __init__(self, n_workers: int, seed: int = 0, clock: Clock | None = None) -> None:
-        super().__init__(n_workers, seed, clock)
-        self.slot_s = 0.01
-        self.busy_above = 0.85
-        self.idle_below = 0.75
+    @classmethod
+    def signal_settings(cls, params):  # workers signal to it, as to CG
+        return {"slot_s": 0.01, "busy_above": 0.85, "idle_below": 0.75}
 
     def route(self, key_hashes: np.ndarray) -> np.ndarray:
         _Probe.log.append(("route", self.clock(), self.seed, -1, len(key_hashes)))

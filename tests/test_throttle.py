@@ -11,7 +11,14 @@ import time
 
 import pytest
 
-from actors.throttle import CpulimitThrottler, DutyCycleThrottler, ThrottleError
+from actors import throttle as throttle_mod
+from actors.throttle import CpulimitThrottler, DutyCycleThrottler, StoppedClock, ThrottleError
+
+
+@pytest.fixture(autouse=True)
+def _stop_files_in_tmp(tmp_path, monkeypatch):
+    """Throttlers publish stopped time per PID: fake PIDs' files go to a temp dir."""
+    monkeypatch.setattr(throttle_mod, "STOP_DIR", str(tmp_path))
 
 
 class FakeKill:
@@ -55,6 +62,30 @@ def test_cycle_stops_each_pid_for_its_share_of_the_period() -> None:
     th.release()
     assert {(p, s) for _, p, s in kill.calls[-3:]} == {
         (11, "SIGCONT"), (12, "SIGCONT"), (13, "SIGCONT")}
+
+
+def test_stopped_time_is_published_before_each_sigcont() -> None:
+    """A worker reads exactly how long it was stopped (not a late wake-up's
+    guess): the total is written before the SIGCONT that ends each stop."""
+    clk = FakeClock()
+    reads: list[float] = []
+    clock11 = StoppedClock(11)
+
+    def kill(pid: int, sig: int) -> None:
+        if sig == signal.SIGCONT and pid == 11:
+            reads.append(clock11())  # what the process sees when it runs again
+
+    th = DutyCycleThrottler(0.1, clock=clk, kill=kill)
+    th.set_capacity(11, 0.3)
+    assert StoppedClock(11)() == 0.0  # published at 0 before the first stop
+    for _ in range(3):
+        th.cycle(clk.wait)
+    assert reads == pytest.approx([0.07, 0.14])  # two stops ended, 70 ms each
+    th.release()  # the third stop ends here
+    assert StoppedClock(11)() == pytest.approx(0.21)
+    assert StoppedClock(99)() == 0.0  # not throttled: nothing published
+    th.stop()
+    assert not os.path.exists(throttle_mod.stopped_path(11))
 
 
 def test_schedule_applies_changes_at_their_time() -> None:

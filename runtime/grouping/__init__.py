@@ -5,6 +5,7 @@
 """
 
 from runtime.grouping import (  # noqa: F401  (registration side effects)
+    acg,
     cg,
     ch,
     chbl,
@@ -17,6 +18,7 @@ from runtime.grouping import (  # noqa: F401  (registration side effects)
     porc,
     potc,
     sg,
+    wrr,
 )
 from runtime.grouping.base import SCHEMES, Grouping, make_grouping, register, scheme_params
 

@@ -48,8 +48,47 @@ class Grouping(ABC):
     """
 
     name: ClassVar[str] = ""
-    #: True if the scheme learns from acks (signals or ack timings).
+    #: True if the scheme learns from acks (signals, ack timings or tables).
     uses_feedback: ClassVar[bool] = False
+    #: True for reference schemes that are told the configured capacities
+    #: (``on_capacity``); real schemes never read them
+    knows_capacities: ClassVar[bool] = False
+    #: True if workers report to a run-wide coordinator (``coordinator``: service
+    #: rates and per-VW arrivals) whose VW tables reach the sources on acks
+    #: (``on_table``); such a scheme routes through ``route_virtual`` + ``owner_of``
+    coordinated: ClassVar[bool] = False
+
+    @classmethod
+    def signal_settings(cls, params: dict[str, Any]) -> dict[str, float] | None:
+        """Worker-side load signals this scheme needs (CG's ``LoadSignaler``
+        settings: ``slot_s``, ``busy_above``, ``idle_below``), or None."""
+        return None
+
+    @classmethod
+    def coordinator(cls, n_workers: int, params: dict[str, Any],
+                    alive: Any = None, t0: float | None = None) -> Any:
+        """The run-wide controller this scheme needs (ACG's ``AcgController``:
+        fed by workers' reports, it publishes the sources' table), or None.
+        ``t0``: when the run starts (else its ``start(t0)`` is called then)."""
+        return None
+
+    def vw_per_worker(self) -> np.ndarray | None:
+        """Virtual workers owned per worker (VW-based schemes), or None."""
+        return None
+
+    def route_virtual(self, key_hashes: np.ndarray) -> np.ndarray:
+        """VW-based schemes: route a micro-batch to virtual workers (``int64``)."""
+        raise NotImplementedError(f"scheme {self.name!r} has no virtual workers")
+
+    def owner_of(self, vws: np.ndarray) -> np.ndarray:
+        """VW-based schemes: the worker (``int32``) that owns each VW now."""
+        raise NotImplementedError(f"scheme {self.name!r} has no virtual workers")
+
+    def on_table(self, table: Any) -> bool:
+        """A coordinator's VW table arrived (``coordinated`` schemes); True if it
+        was newer and taken: messages routed before and not yet sent should go
+        where ``owner_of`` now says."""
+        return False
 
     def __init__(self, n_workers: int, seed: int = 0, clock: Clock | None = None) -> None:
         if n_workers < 1:
@@ -77,6 +116,10 @@ class Grouping(ABC):
             self.signals["increase"] += 1
         elif signal < 0:
             self.signals["decrease"] += 1
+
+    def on_capacity(self, worker: int, capacity: float) -> None:  # noqa: B027 - a no-op hook
+        """``worker``'s configured capacity is now ``capacity`` (told at the start
+        and at every change, only to schemes with ``knows_capacities``)."""
 
     def on_workers_changed(self, alive: Sequence[int]) -> None:
         """The set of live workers changed (failure, elasticity).

@@ -38,7 +38,7 @@ from typing import Any
 
 import numpy as np
 
-from runtime.grouping.base import Clock, Grouping, register
+from runtime.grouping.base import Clock, Grouping, register, scheme_params
 from runtime.grouping.porc import ProbeMemo, porc_route, validate_eps
 from runtime.signals import validate_thresholds
 
@@ -141,6 +141,13 @@ class ConsistentGrouping(Grouping):
         self.idle = _FCFS()
         self.busy = _FCFS()
         self._alive = set(range(self.n_workers))
+
+    @classmethod
+    def signal_settings(cls, params: dict[str, Any]) -> dict[str, float]:
+        """The workers' ``LoadSignaler`` settings for a run with ``params``."""
+        p = {**scheme_params(cls.name), **params}
+        validate_thresholds(p["busy_above"], p["idle_below"], p["slot_s"])
+        return {k: float(p[k]) for k in ("slot_s", "busy_above", "idle_below")}
 
     # -- routing ---------------------------------------------------------------
 

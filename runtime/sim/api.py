@@ -68,6 +68,7 @@ def params_from_topology(
         ack_delay_s=ack_delay_ms / 1e3,
         queue_batches=w.queue_batches,
         shard_block_rows=shard_block_rows,
+        report_every_s=float(topo.app.aggregate_every_s),
     )
 
 

@@ -19,8 +19,12 @@ granularity; no I/O, no wall clock, no Ray.
   source (``actors/source.py``): a sub-batch is sent when its worker has fewer
   than ``run.max_inflight`` unacknowledged sub-batches from this source, and
   the source takes its next batch only while no outbox holds more than
-  ``outbox`` (default ``max_inflight``) sub-batches; otherwise it blocks until
-  that worker acknowledges.
+  ``outbox * run.batch`` messages (``outbox`` defaults to ``max_inflight``;
+  a bound in messages, not sub-batches: a worker that receives small
+  sub-batches - few virtual workers - does not block the source early);
+  otherwise it blocks until that worker acknowledges. When a VW-table scheme
+  (ACG) adopts a new table, the sub-batches still in its outboxes go where
+  their VWs now are (they were never sent: no message migrates).
 - Emit time of a message = when its batch was due at the source, as the real
   source stamps it: with ``run.rate > 0`` the batch's scheduled time
   ``k * batch * sources / rate`` (time a source spends behind schedule or
@@ -61,7 +65,8 @@ from typing import Any
 
 import numpy as np
 
-from runtime.grouping import Grouping, make_grouping
+from runtime.grouping import SCHEMES, Grouping, make_grouping
+from runtime.grouping.acg import FIRST_PLAN_S
 from runtime.signals import LoadSignaler
 from runtime.sim import kernels
 
@@ -94,10 +99,16 @@ class SimParams:
     queue_batches: int = 8
     shard_block_rows: int = SHARD_BLOCK_ROWS
     outbox: int | None = None  # sub-batches queued per worker at a source (None: max_inflight)
+    report_every_s: float = 1.0  # workers' reports to a coordinator (app.aggregate_every_s)
 
     @property
     def outbox_max(self) -> int:
         return self.max_inflight if self.outbox is None else self.outbox
+
+    @property
+    def outbox_msgs(self) -> int:
+        """Messages a source's outbox may hold for one worker before it blocks."""
+        return self.outbox_max * self.batch
 
     @property
     def queue_capacity_batches(self) -> int:
@@ -130,23 +141,26 @@ class EngineResult:
     inflight_at_end: int
     signals_emitted: dict[str, int]
     events: int
+    coordinator: dict[str, Any] | None = None  # the scheme's controller (ACG), summarized
 
 
 class _Batch:
     """A routed batch whose sub-batches are not all sent yet."""
 
-    __slots__ = ("emit", "lo", "order", "sent", "starts")
+    __slots__ = ("emit", "lo", "order", "sent", "starts", "vws")
 
-    def __init__(self, lo: int, order: np.ndarray, starts: np.ndarray, emit: float) -> None:
+    def __init__(self, lo: int, order: np.ndarray, starts: np.ndarray, emit: float,
+                 vws: np.ndarray | None = None) -> None:
         self.lo = lo
         self.order = order
         self.starts = starts
         self.emit = emit  # when the batch was due (latency starts here)
         self.sent = starts[1:] == starts[:-1]  # empty sub-batches count as sent
+        self.vws = vws  # VW of each message (offset from lo), for VW-table schemes
 
 
 class _Source:
-    __slots__ = ("end", "k", "next_lo", "pending", "unsent")
+    __slots__ = ("end", "k", "next_lo", "pending", "unsent", "unsent_msgs")
 
     def __init__(self, begin: int, end: int, n_workers: int) -> None:
         self.next_lo = begin  # next message of this source's shard (permuted index)
@@ -154,6 +168,7 @@ class _Source:
         self.k = 0  # batches taken so far
         self.pending: deque[_Batch] = deque()  # oldest first
         self.unsent = np.zeros(n_workers, dtype=np.int64)  # outbox length per worker
+        self.unsent_msgs = np.zeros(n_workers, dtype=np.int64)  # messages in it
 
 
 class _WorkerSignals:
@@ -244,20 +259,32 @@ class Engine:
             for s in range(p.n_sources)
         ]
         g0 = self.groupings[0]
+        scheme = SCHEMES[p.scheme]
         #: workers signal only to schemes that listen; others skip the bookkeeping
-        self.signaling = bool(g0.uses_feedback)
+        settings = scheme.signal_settings(p.scheme_params)
+        self.signaling = settings is not None
         self.wsig: list[_WorkerSignals] = []
-        if self.signaling:
-            settings = {
-                "slot_s": float(getattr(g0, "slot_s", p.slot_s)),
-                "busy_above": float(getattr(g0, "busy_above", 0.85)),
-                "idle_below": float(getattr(g0, "idle_below", 0.75)),
-            }
+        if settings is not None:
             self.wsig = [
                 _WorkerSignals(LoadSignaler(**settings), p.queue_capacity_batches, p.n_sources)
                 for _ in range(nw)
             ]
-        self._track_vw = hasattr(g0, "vw_per_worker")
+        #: a scheme's run-wide controller (ACG): workers report every
+        #: ``report_every_s`` (their flushes), its tables reach the sources on acks
+        self.controller = (scheme.coordinator(nw, p.scheme_params, t0=0.0)
+                           if scheme.coordinated else None)
+        self.table: Any = None
+        self._reported_slot = 0
+        self._last_report = 0.0
+        self.vw_arrivals = (np.zeros(self.controller.n_virtual, dtype=np.int64)
+                            if self.controller is not None else None)
+        self._track_vw = g0.vw_per_worker() is not None
+        #: reference schemes (WRR) are told the configured capacities as they change
+        self.tell_capacities = scheme.knows_capacities
+        if self.tell_capacities:
+            for g in self.groupings:
+                for w, c in enumerate(p.capacities):
+                    g.on_capacity(w, c)
 
         # capacity schedule per worker: sched_t[w, j] <= t < sched_t[w, j+1] -> sched_c[w, j]
         per_w: list[list[tuple[float, float]]] = [[(0.0, c)] for c in p.capacities]
@@ -287,6 +314,7 @@ class Engine:
         rows = 64
         self.lat_hist = np.zeros((rows, kernels.LAT_BINS), dtype=np.int64)
         self.busy_area = np.zeros((nw, rows))
+        self.done_area = np.zeros((nw, rows))
         self.qbatch_area = np.zeros((nw, rows))
         self.qmsg_area = np.zeros((nw, rows))
         self.out_w = np.zeros(nw, dtype=np.int32)
@@ -320,6 +348,7 @@ class Engine:
             h[: self.lat_hist.shape[0]] = self.lat_hist
             self.lat_hist = h
             self.busy_area = _grow_cols(self.busy_area, rows)
+            self.done_area = _grow_cols(self.done_area, rows)
             self.qbatch_area = _grow_cols(self.qbatch_area, rows)
             self.qmsg_area = _grow_cols(self.qmsg_area, rows)
 
@@ -333,7 +362,7 @@ class Engine:
         st = self.sources[s]
         while True:
             self._send_pending(s, st)
-            if (st.unsent > p.outbox_max).any():
+            if (st.unsent_msgs > p.outbox_msgs).any():
                 return  # blocked: an ack from that worker dispatches again
             lo = st.next_lo
             if lo >= st.end:
@@ -345,11 +374,19 @@ class Engine:
                     self._push(emit, s, -1, 0, 0.0)
                     return
             hi = min(st.end, lo + p.batch)
-            workers = self.groupings[s].route(self.hashes[lo:hi])
+            vws = None
+            if self.vw_arrivals is not None:
+                g = self.groupings[s]
+                vws = g.route_virtual(self.hashes[lo:hi])
+                self.vw_arrivals += np.bincount(vws, minlength=len(self.vw_arrivals))
+                workers = g.owner_of(vws)
+            else:
+                workers = self.groupings[s].route(self.hashes[lo:hi])
             order, starts = kernels.split_by_worker(
                 np.ascontiguousarray(workers, dtype=np.int32), p.n_workers)
-            b = _Batch(lo, order, starts, emit)
+            b = _Batch(lo, order, starts, emit, vws)
             st.unsent += ~b.sent
+            st.unsent_msgs += np.diff(starts)
             st.pending.append(b)
             st.next_lo = hi
             st.k += 1
@@ -365,7 +402,7 @@ class Engine:
                 self.inflight[s], p.max_inflight, self.free_at, self.service_s,
                 self.sched_t, self.sched_c, self.key_ids, self.latency_s, self.msg_worker,
                 self.seen, self.use_seen, p.slot_s, self.lat_hist, self.busy_area,
-                self.qbatch_area, self.qmsg_area, self.processed,
+                self.done_area, self.qbatch_area, self.qmsg_area, self.processed,
                 self.out_w, self.out_fin, self.out_m,
             )
             ack = p.ack_delay_s
@@ -373,6 +410,7 @@ class Engine:
                 w = int(self.out_w[i])
                 fin = float(self.out_fin[i])
                 st.unsent[w] -= 1
+                st.unsent_msgs[w] -= int(self.out_m[i])
                 self._push(fin + ack, s, w, int(self.out_m[i]), fin)
                 if self.signaling:
                     self.wsig[w].arrivals.append(self.now)
@@ -393,6 +431,12 @@ class Engine:
         pending_progress = 0
         for s in range(p.n_sources):
             self._dispatch(s)
+        if self.tell_capacities:
+            for i, (at_s, _w, _c) in enumerate(p.changes):
+                self._push(float(at_s), -1, -3, i, 0.0)
+        if self.controller is not None:
+            # workers report early once (a slot in), then every report_every_s
+            self._push(min(p.report_every_s, max(p.slot_s, FIRST_PLAN_S)), -1, -2, 0, 0.0)
         while heap:
             t, _, s, w, m, fin = heapq.heappop(heap)
             self.events += 1
@@ -401,6 +445,17 @@ class Engine:
                     self.vw_snapshots.append(self._vw_now())
                     ts_next += p.slot_s
             self.now = t
+            if w == -3:  # a capacity change, told to a reference scheme
+                _, cw, cc = p.changes[m]
+                for g in self.groupings:
+                    g.on_capacity(int(cw), float(cc))
+                continue
+            if w == -2:  # workers report to the controller
+                self._report(t)
+                if heap:
+                    nxt = (math.floor(t / p.report_every_s + 1e-9) + 1) * p.report_every_s
+                    self._push(nxt, -1, -2, 0, 0.0)
+                continue
             if w < 0:  # rate timer
                 self._dispatch(s)
                 continue
@@ -411,6 +466,9 @@ class Engine:
                 ws.feed(fin)
                 signal = ws.take(s, fin)
             self.groupings[s].on_ack(w, signal, m)
+            if self.table is not None and self.groupings[s].on_table(self.table):
+                self._reroute(s)
+                self._dispatch(s)
             pending_progress += m
             if pending_progress >= 200_000 and self.progress is not None:
                 self.progress(pending_progress)
@@ -420,6 +478,52 @@ class Engine:
         if self.progress is not None and pending_progress:
             self.progress(pending_progress)
         return self._finish()
+
+    def _reroute(self, s: int) -> None:
+        """A new VW table at source ``s``: its sub-batches still in an outbox
+        (routed, not sent) go where their VWs are now."""
+        g = self.groupings[s]
+        st = self.sources[s]
+        nw = self.p.n_workers
+        moved = []
+        for b in st.pending:
+            if b.vws is None:
+                continue
+            for w in np.flatnonzero(~b.sent):
+                idx = b.order[b.starts[w]:b.starts[w + 1]]
+                dest = g.owner_of(b.vws[idx])
+                if (dest == w).all():
+                    continue
+                b.sent[w] = True
+                st.unsent[w] -= 1
+                st.unsent_msgs[w] -= len(idx)
+                order, starts = kernels.split_by_worker(dest.astype(np.int32), nw)
+                nb = _Batch(b.lo, idx[order], starts, b.emit, b.vws)
+                st.unsent += ~nb.sent
+                st.unsent_msgs += np.diff(starts)
+                moved.append(nb)
+        st.pending.extend(moved)
+
+    def _report(self, t: float) -> None:
+        """Every worker reports what it did in the completed slots since its
+        last report (completions and busy time), the VW arrivals go with them,
+        and the controller may publish a table (taken by sources on acks)."""
+        ctl = self.controller
+        assert ctl is not None and self.vw_arrivals is not None
+        k = int(t / self.p.slot_s + 1e-9)
+        lo = self._reported_slot
+        done = self.done_area[:, lo:k].sum(axis=1)
+        busy = self.busy_area[:, lo:k].sum(axis=1)
+        self._reported_slot = max(lo, k)
+        since, self._last_report = self._last_report, t
+        for w in range(self.p.n_workers):
+            ctl.report(w, int(done[w]), float(busy[w]), t)
+        ids = np.flatnonzero(self.vw_arrivals)  # what the sources routed per VW
+        ctl.report_routed(0, since, t, ids, self.vw_arrivals[ids])
+        self.vw_arrivals[:] = 0
+        table = ctl.tick(t)
+        if table is not None:
+            self.table = table
 
     def _unpermute(self, a: np.ndarray) -> np.ndarray:
         """A per-message array back in stream order."""
@@ -480,6 +584,7 @@ class Engine:
             grouping_stats=[g.stats() for g in self.groupings],
             inflight_at_end=int(self.inflight.sum()), signals_emitted=emitted,
             events=self.events,
+            coordinator=self.controller.summary() if self.controller is not None else None,
         )
 
 

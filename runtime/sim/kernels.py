@@ -88,6 +88,7 @@ def dispatch_batch(
     slot_s: float,
     lat_hist: np.ndarray,
     busy_area: np.ndarray,
+    done_area: np.ndarray,
     qbatch_area: np.ndarray,
     qmsg_area: np.ndarray,
     processed: np.ndarray,
@@ -106,7 +107,7 @@ def dispatch_batch(
     (capacity from the worker's schedule at the moment the message starts).
 
     Per-slot integrals (``[worker, slot]``, slots of ``slot_s``): busy time,
-    queue length in batches and in messages - a sub-batch counts in its
+    completions (``done_area``), queue length in batches and in messages - a sub-batch counts in its
     worker's queue from arrival until its last message finishes, as the real
     worker counts it. ``lat_hist[slot, bin]`` counts completions.
 
@@ -138,7 +139,9 @@ def dispatch_batch(
             msg_worker[g] = w
             if use_seen:
                 seen[w, key_ids[g]] = True
-            lat_hist[int(t / slot_s), _lat_bin(lat)] += 1
+            k = int(t / slot_s)
+            lat_hist[k, _lat_bin(lat)] += 1
+            done_area[w, k] += 1
         m = b - a
         free_at[w] = t
         inflight[w] += 1

@@ -30,6 +30,7 @@ import pyarrow as pa
 
 from runtime import metrics
 from runtime.apps import HEAVY_HITTERS_SCHEMA, NAIVE_BAYES_SCHEMA, WORDCOUNT_SCHEMA, sort_result
+from runtime.grouping.acg import coordinator_report
 from runtime.sim.engine import EngineResult
 from runtime.sim.inputs import SimInput
 from runtime.sim.kernels import hist_percentiles
@@ -189,6 +190,9 @@ def build_report(topo: Topology, er: EngineResult) -> dict[str, Any]:
                        "its scheduled time when paced)",
         },
     }
+    if er.coordinator is not None:
+        report["coordinator"] = coordinator_report(
+            er.coordinator, [g.get("tables_adopted", []) for g in stats], duration)
     if er.vw is not None:
         report["vw_per_worker_end"] = [float(x) for x in er.vw[-1]]
     return report

@@ -1,0 +1,821 @@
+"""ACG - adaptive consistent grouping [ours] (ALGORITHMS.md, "Beyond the papers").
+
+Consistent grouping's routing with a controller that measures instead of
+signalling:
+
+- **Routing** (every source, as CG): PoRC (``porc_route``) over ``B = n *
+  virtual_per_worker`` virtual workers (VWs), then VW -> worker through a
+  table. ``eps`` (default 0.3, not CG's 0.01) bounds every VW's load by
+  ``(1 + eps)`` times the mean while keeping light keys on one VW
+  (replication).
+- **What is measured** is independent of the table, so the controller has no
+  feedback loop to oscillate in: each worker measures its *service rate*
+  (messages processed / seconds spent serving them: time stopped *during*
+  service counts - that is what a slow machine is - time idle does not) and
+  piggybacks it on messages it already sends (its flushes to the
+  aggregator); each source counts the messages it routed per VW (PoRC
+  balances VWs whatever their owner) and sends the counts once per epoch.
+  Counting where messages are routed matters: what a worker *receives* is
+  censored by backpressure, so an overloaded worker's VWs would look light.
+- **One table for every source**: one ``AcgController`` (in the aggregator on
+  the real engine, in the engine itself in the simulator) turns the reports
+  into a table: every ``epoch_s`` it re-estimates the rates (EWMA, time
+  constant ``tau_s``, reset when two samples in a row deviate by more than
+  ``jump`` - a capacity change) and the per-VW loads, and runs ``plan_table``:
+  the integer min-max allocation of VWs (smallest ``max_w load_w / rate_w``)
+  by local search from the current table (moves, then swaps), applied only
+  when the predicted bottleneck improves by at least ``min_gain``
+  (hysteresis: a balanced cluster makes no moves). Each new table has a
+  version; it travels back to the workers with the commit answers and from
+  them, on acks, to the sources, which adopt any newer version
+  (``on_ack(..., table=...)``).
+- **Membership** follows one deterministic rule on the sources and in the
+  controller (``reassign_departed`` / ``rebalance_joined``), so a departure
+  is handled at once on every source without waiting for the controller,
+  and the tables still agree; a new worker starts at the mean rate.
+- Every live worker keeps >= 1 VW. No message migration (as CG): a move
+  redirects future messages only; the aggregator's merge keeps results exact.
+
+Guarantee: every VW's load is ``<= ceil((1 + eps) * m / B)`` per source
+(PoRC); with rates measured exactly and loads stationary, the table's
+bottleneck is within ``min_gain`` of what local search reaches from it.
+Without a controller (``make_grouping("acg", n)`` alone) it routes as a
+static CG table with ``virtual_per_worker`` VWs per worker.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from runtime.grouping.base import Clock, Grouping, register
+from runtime.grouping.porc import ProbeMemo, porc_route, validate_eps
+
+MAX_VIRTUAL_PER_WORKER = 1000
+#: arrivals are put on a timeline of buckets this long (seconds)
+BUCKET_S = 0.25
+#: at most this many buckets are folded at once (a long silence is not replayed)
+MAX_BUCKETS = 400
+#: rate samples per worker kept for the report
+RECENT = 8
+#: a plan must improve the bottleneck by this many standard errors of its estimate
+NOISE_Z = 2.0
+#: workers report (and the controller plans) this early for the first time
+FIRST_PLAN_S = 0.5
+#: a worker's rate sample needs at least this much busy time in its window
+MIN_BUSY_S = 0.02
+
+
+# ============================================================================ the table
+
+
+@dataclass(frozen=True)
+class VwTable:
+    """A versioned VW -> worker table (what travels on commits and acks)."""
+
+    version: int
+    owner: np.ndarray  # int32[B]
+
+
+def initial_table(n_workers: int, n_virtual: int, alive: Iterable[int] | None = None
+                  ) -> np.ndarray:
+    """VW ``v`` on worker ``v mod n``; VWs of workers not in ``alive`` handed out
+    by ``reassign_departed``."""
+    owner = (np.arange(n_virtual) % n_workers).astype(np.int32)
+    if alive is not None:
+        owner = reassign_departed(owner, set(alive))
+    return owner
+
+
+def reassign_departed(owner: np.ndarray, alive: set[int]) -> np.ndarray:
+    """Give the VWs of workers not in ``alive`` away, one by one (ascending VW
+    id), each to the live worker holding the fewest (ties: lowest id).
+    Deterministic: every source and the controller compute the same table."""
+    if not alive:
+        raise ValueError("alive must contain at least one worker")
+    gone = [v for v in range(len(owner)) if int(owner[v]) not in alive]
+    if not gone:
+        return owner
+    out = owner.copy()
+    count = {w: 0 for w in alive}
+    for w in out.tolist():
+        if w in count:
+            count[w] += 1
+    for v in gone:
+        dst = min(count, key=lambda x: (count[x], x))
+        out[v] = dst
+        count[dst] += 1
+    return out
+
+
+def rebalance_joined(owner: np.ndarray, alive: set[int], joined: Iterable[int]) -> np.ndarray:
+    """Each worker of ``joined`` (ascending) takes VWs one by one from the live
+    worker holding the most (ties: lowest id; its highest VW id first) until
+    it holds ``B // |alive|`` or taking would leave the giver with no more than
+    the taker. Deterministic, as ``reassign_departed``."""
+    out = owner.copy()
+    share = len(out) // max(len(alive), 1)
+    for w in sorted(set(joined) & alive):
+        while True:
+            counts = np.bincount(out, minlength=max(alive) + 1)
+            mine = int(counts[w])
+            if mine >= share:
+                break
+            src = max((x for x in alive if x != w), key=lambda x: (counts[x], -x), default=None)
+            if src is None or counts[src] <= mine + 1:
+                break
+            out[int(np.flatnonzero(out == src)[-1])] = w
+    return out
+
+
+def bottleneck(owner: np.ndarray, vw_load: np.ndarray, rate: np.ndarray,
+               alive: Sequence[int]) -> float:
+    """``max_w load_w / rate_w`` over the live workers (the table's predicted
+    time per unit of input: lower = more throughput)."""
+    load = np.bincount(owner, weights=vw_load, minlength=len(rate))
+    a = np.asarray(alive, dtype=np.int64)
+    return float((load[a] / rate[a]).max())
+
+
+def _search(owner: np.ndarray, lam: np.ndarray, r: np.ndarray, live: np.ndarray,
+            steps: int, min_step: float) -> np.ndarray:
+    """Local search for the min-max table (see ``plan_table``)."""
+    n = len(r)
+    new = owner.copy()
+    load = np.bincount(new, weights=lam, minlength=n)
+    count = np.bincount(new, minlength=n)
+    others = np.flatnonzero(live)
+    for _ in range(steps):
+        util = np.where(live, load / r, -np.inf)
+        b = int(np.argmax(util))
+        ub = util[b]
+        mine = np.flatnonzero(new == b)
+        best: tuple[float, int, int, int] | None = None  # (score, vw, to worker, swap vw)
+        if count[b] > 1:
+            # move v (of b) to u: score = max(new util of b, new util of u)
+            lv = lam[mine][:, None]
+            score = np.maximum((load[b] - lv) / r[b], (load[others][None, :] + lv) / r[others])
+            score[:, others == b] = np.inf
+            i, j = np.unravel_index(int(np.argmin(score)), score.shape)
+            if score[i, j] < ub * (1 - min_step):
+                best = (float(score[i, j]), int(mine[i]), int(others[j]), -1)
+        theirs = np.flatnonzero(live[new] & (new != b))
+        if len(theirs):
+            # swap v (of b) with v2 (of u = new[v2]), lighter than v
+            d = lam[mine][:, None] - lam[theirs][None, :]
+            u = new[theirs]
+            score = np.maximum((load[b] - d) / r[b], (load[u][None, :] + d) / r[u][None, :])
+            score[d <= 0] = np.inf
+            i, j = np.unravel_index(int(np.argmin(score)), score.shape)
+            s = float(score[i, j])
+            if s < ub * (1 - min_step) and (best is None or s < best[0] * (1 - 1e-12)):
+                best = (s, int(mine[i]), int(u[j]), int(theirs[j]))
+        if best is None:
+            break
+        _, v, u2, v2 = best
+        new[v] = u2
+        load[b] -= lam[v]
+        load[u2] += lam[v]
+        if v2 >= 0:
+            new[v2] = b
+            load[u2] -= lam[v2]
+            load[b] += lam[v2]
+        else:
+            count[b] -= 1
+            count[u2] += 1
+    return new
+
+
+def _repair(owner: np.ndarray, lam: np.ndarray, r: np.ndarray, live: np.ndarray,
+            target: float) -> np.ndarray | None:
+    """Few moves from ``owner`` to a table whose bottleneck is ``<= target``:
+    each worker over ``target * rate`` sheds VWs (the smallest one that ends
+    its excess alone, else its largest) to the live worker they fit best
+    (least room left); None if a VW fits nowhere."""
+    n = len(r)
+    new = owner.copy()
+    load = np.bincount(new, weights=lam, minlength=n)
+    cap = np.where(live, target * r, 0.0)
+    for b in np.argsort(-(load - cap), kind="stable"):
+        b = int(b)
+        if not live[b]:
+            continue
+        while load[b] > cap[b] * (1 + 1e-12):
+            mine = np.flatnonzero(new == b)
+            if len(mine) <= 1:
+                return None
+            excess = load[b] - cap[b]
+            enough = mine[lam[mine] >= excess]
+            v = int(enough[np.argmin(lam[enough])]) if len(enough) else int(
+                mine[np.argmax(lam[mine])])
+            room = cap - load - lam[v]
+            room[~live] = -np.inf
+            room[b] = -np.inf
+            fits = np.flatnonzero(room >= -1e-12 * max(cap.max(), 1.0))
+            if not len(fits):
+                return None
+            u = int(fits[np.argmin(room[fits])])
+            new[v] = u
+            load[b] -= lam[v]
+            load[u] += lam[v]
+    return new
+
+
+def plan_table(owner: np.ndarray, vw_load: np.ndarray, rate: np.ndarray,
+               alive: Sequence[int], *, min_gain: float = 0.02, slack: float = 0.01,
+               min_step: float = 0.005, max_steps: int | None = None
+               ) -> tuple[np.ndarray, int]:
+    """A min-max VW allocation, reached with few moves from ``owner``.
+
+    ``vw_load[v]``: VW ``v``'s load (any unit); ``rate[w]``: worker ``w``'s
+    service rate (same unit per second; > 0 for live workers).
+
+    1. Local search for the best bottleneck ``T*`` (``max_w load_w /
+       rate_w``): repeatedly relieve the bottleneck worker ``b`` by the move
+       of one of its VWs - or the swap of one with a lighter VW of another
+       worker - that gives the smallest ``max(util_b, util_other)``, if that
+       is below ``util_b``. Each step lowers the sorted vector of
+       utilizations lexicographically, so it terminates.
+    2. Hysteresis: nothing changes unless ``T*`` is at least ``min_gain``
+       below the current bottleneck.
+    3. Few moves: a repair from ``owner`` to the target ``min(T* (1 + slack),
+       current (1 - min_gain))`` (overloaded workers shed VWs, best fit) is
+       used when it moves fewer VWs than the search's table.
+
+    A worker never gives its last VW; ties break on the lowest ids, so the
+    result is a function of the inputs alone. Returns ``(table, moved VWs)``
+    (the input table itself and 0 when nothing changes).
+    """
+    n = len(rate)
+    live = np.zeros(n, dtype=bool)
+    live[np.asarray(alive, dtype=np.int64)] = True
+    if not live.any():
+        raise ValueError("alive must contain at least one worker")
+    lam = np.asarray(vw_load, dtype=np.float64)
+    r = np.where(live, np.asarray(rate, dtype=np.float64), 1.0)
+    if (r <= 0).any() or not np.isfinite(r).all():
+        raise ValueError("every live worker's rate must be > 0 and finite")
+    cur = np.asarray(owner, dtype=np.int32)
+
+    def worst(table: np.ndarray) -> float:
+        return float((np.bincount(table, weights=lam, minlength=n) / r)[live].max())
+
+    before = worst(cur)
+    best = _search(cur, lam, r, live, max_steps if max_steps is not None else 4 * len(cur),
+                   min_step)
+    t_best = worst(best)
+    if not t_best <= before * (1.0 - min_gain):
+        return cur, 0
+    fixed = _repair(cur, lam, r, live, min(t_best * (1 + slack), before * (1 - min_gain)))
+    if fixed is not None and (fixed != cur).sum() < (best != cur).sum():
+        best = fixed
+    return best, int((best != cur).sum())
+
+
+# ============================================================================ worker side
+
+
+class RateMeter:
+    """What a worker measures for the controller between two reports: messages
+    served and the seconds it had work (queued or in service: time stopped
+    then counts - that is what a slow machine is; idle time does not). Not
+    thread-safe (the worker holds a lock)."""
+
+    def __init__(self) -> None:
+        self.processed = 0
+        self.busy_s = 0.0
+
+    def served(self, n: int) -> None:
+        self.processed += int(n)
+
+    def working(self, seconds: float) -> None:
+        self.busy_s += max(0.0, float(seconds))
+
+    def take(self) -> dict[str, Any]:
+        """The report since the previous ``take`` (then starts afresh)."""
+        out = {"processed": self.processed, "busy_s": self.busy_s}
+        self.processed, self.busy_s = 0, 0.0
+        return out
+
+
+class RoutedMeter:
+    """What a source routed per VW since its last report (its offered load: not
+    censored by backpressure, unlike what a worker receives)."""
+
+    def __init__(self, n_virtual: int, since: float) -> None:
+        self.counts = np.zeros(n_virtual, dtype=np.int64)
+        self.since = since
+
+    def routed(self, vws: np.ndarray) -> None:
+        self.counts += np.bincount(vws, minlength=len(self.counts))
+
+    def take(self, now: float) -> dict[str, Any]:
+        """The report over ``[since, now)``; the next window starts at ``now``."""
+        ids = np.flatnonzero(self.counts).astype(np.int32)
+        out = {"since": self.since, "now": now, "vw_ids": ids, "vw_counts": self.counts[ids]}
+        self.counts = np.zeros_like(self.counts)
+        self.since = now
+        return out
+
+
+# ============================================================================ the controller
+
+
+class _ArrivalBuckets:
+    """Per-VW arrivals on a timeline of ``bucket_s`` buckets.
+
+    Sources report at their own (staggered) times, each report covering its
+    own window: its counts are spread evenly over that window. A bucket is
+    *complete* once every reporting source's reports reach past its end; only
+    complete buckets are used, oldest first, so a VW's load never looks
+    doubled or absent because one source's report fell into an interval and
+    another's did not."""
+
+    def __init__(self, n_virtual: int, t0: float, bucket_s: float) -> None:
+        self.n_virtual = n_virtual
+        self.bucket_s = bucket_s
+        self.t0 = t0
+        self._next = 0  # the oldest bucket not taken yet
+        self._open: dict[int, np.ndarray] = {}
+
+    def add(self, ids: np.ndarray, counts: np.ndarray, a: float, b: float) -> None:
+        a, b = max(a, self.t0), max(b, self.t0)
+        if b <= a or not len(ids):
+            return
+        d = self.bucket_s
+        k0, k1 = int((a - self.t0) // d), int(math.ceil((b - self.t0) / d))
+        c = np.asarray(counts, dtype=np.float64)
+        for k in range(max(k0, self._next), k1):  # buckets already taken: too late
+            lo, hi = self.t0 + k * d, self.t0 + (k + 1) * d
+            share = (min(b, hi) - max(a, lo)) / (b - a)
+            if share > 0:
+                row = self._open.get(k)
+                if row is None:
+                    row = self._open[k] = np.zeros(self.n_virtual)
+                np.add.at(row, ids, c * share)
+
+    def take_complete(self, horizon: float) -> list[np.ndarray]:
+        """The buckets ending at or before ``horizon`` (oldest first), removed;
+        after a long silence only the last ``MAX_BUCKETS`` of them."""
+        end = int((horizon - self.t0) // self.bucket_s)
+        first = max(self._next, end - MAX_BUCKETS)
+        out = [self._open.pop(k, None) for k in range(first, end)]
+        for k in [k for k in self._open if k < end]:
+            del self._open[k]
+        self._next = max(self._next, end)
+        return [np.zeros(self.n_virtual) if x is None else x for x in out]
+
+
+@dataclass
+class _Rate:
+    """One worker's service-rate estimate (msgs/s of busy time)."""
+
+    value: float | None = None
+    processed: int = 0  # since the last sample
+    busy_s: float = 0.0
+    last_report: float | None = None
+    pending_jump: float = 0.0  # previous sample's relative deviation (0: none)
+    seen_s: float = 0.0  # busy seconds behind the estimate (EWMA warm-up)
+    recent: list[tuple[float, float]] = field(default_factory=list)  # (sample, busy s)
+    rel_var: float = 0.0  # EWMA of squared relative deviations of the samples
+    noise: float = 1.0  # relative standard error of ``value``
+
+
+@dataclass
+class AcgStats:
+    plans: int = 0  # tables published (each moved >= 1 VW)
+    moves: int = 0  # VWs moved by plans
+    membership_moves: int = 0  # VWs moved by departures / joins
+    rate_resets: int = 0  # capacity changes detected
+    #: per table: (t, version, moved[, predicted gain, gain needed])
+    history: list[tuple[float, ...]] = field(default_factory=list)
+
+
+class AcgController:
+    """Turns workers' reports into VW tables; pure, clock passed in.
+
+    ``report(worker, processed, busy_s, now)`` adds what a worker measured
+    since its previous report, ``report_routed(source, since, now, vw_ids,
+    vw_counts)`` what a source routed; ``tick(now)`` re-plans every
+    ``epoch_s`` and returns the new ``VwTable`` (or None when nothing
+    changed). ``table()`` is the current one.
+    """
+
+    def __init__(self, n_workers: int, n_virtual: int, *, epoch_s: float = 1.0,
+                 tau_s: float = 2.0, load_tau_s: float = 20.0, jump: float = 0.25,
+                 min_gain: float = 0.02, alive: Iterable[int] | None = None,
+                 t0: float | None = None) -> None:
+        self.n_workers = int(n_workers)
+        self.n_virtual = int(n_virtual)
+        self.epoch_s = float(epoch_s)
+        self.tau_s = float(tau_s)
+        self.load_tau_s = float(load_tau_s)
+        self.jump = float(jump)
+        self.min_gain = float(min_gain)
+        self.alive = set(range(self.n_workers)) if alive is None else {int(w) for w in alive}
+        self.owner = initial_table(self.n_workers, self.n_virtual, self.alive)
+        self.version = 0
+        self.rates = [_Rate() for _ in range(self.n_workers)]
+        self.vw_rate: np.ndarray | None = None  # msgs/s per VW (EWMA)
+        self._load_seen_s = 0.0
+        self._routed_to: dict[int, float] = {}  # per source: its load reports reach here
+        self.started = False  # reports and ticks before ``start`` are ignored
+        self.t0 = 0.0
+        self._last_tick = 0.0
+        self.stats = AcgStats()
+        if t0 is not None:
+            self.start(t0)
+
+    # -- inputs -----------------------------------------------------------------
+
+    def report(self, worker: int, processed: int, busy_s: float, now: float) -> None:
+        """What ``worker`` measured since its previous report: messages served
+        and the seconds spent serving them."""
+        w = int(worker)
+        if not self.started or not 0 <= w < self.n_workers:
+            return
+        st = self.rates[w]
+        st.processed += int(processed)
+        st.busy_s += max(0.0, float(busy_s))
+        st.last_report = float(now)
+
+    def report_routed(self, source: int, since: float, now: float, vw_ids: np.ndarray,
+                      vw_counts: np.ndarray) -> None:
+        """What ``source`` routed per VW over ``[since, now)``."""
+        if not self.started:
+            return
+        ids = np.asarray(vw_ids, dtype=np.int64)
+        ok = (ids >= 0) & (ids < self.n_virtual)
+        self._arrivals.add(ids[ok], np.asarray(vw_counts)[ok], float(since), float(now))
+        self._routed_to[int(source)] = max(self._routed_to.get(int(source), -math.inf),
+                                           float(now))
+
+    def report_from(self, worker: int, report: dict[str, Any], now: float) -> None:
+        """A worker's ``RateMeter.take()`` report, received at ``now``."""
+        self.report(worker, report["processed"], report["busy_s"], now)
+
+    def routed_from(self, source: int, report: dict[str, Any]) -> None:
+        """A source's ``RoutedMeter.take()`` report."""
+        self.report_routed(source, report["since"], report["now"], report["vw_ids"],
+                           report["vw_counts"])
+
+    def start(self, t0: float) -> None:
+        """The run starts at ``t0``: the estimates' clocks start there, and the
+        first plan is due early (until then every worker holds R VWs)."""
+        self.started = True
+        self.t0 = float(t0)
+        self._last_tick = float(t0)
+        self._next_plan = float(t0) + min(FIRST_PLAN_S, self.epoch_s)
+        self._arrivals = _ArrivalBuckets(self.n_virtual, float(t0), BUCKET_S)
+        self._routed_to = {}
+        for st in self.rates:
+            st.last_report = float(t0)
+
+    def remove_worker(self, worker: int) -> VwTable | None:
+        w = int(worker)
+        if w not in self.alive or len(self.alive) == 1:
+            return None
+        self.alive.discard(w)
+        return self._publish(reassign_departed(self.owner, self.alive), membership=True)
+
+    def add_worker(self, worker: int) -> VwTable | None:
+        w = int(worker)
+        if w in self.alive or not 0 <= w < self.n_workers:
+            return None
+        self.alive.add(w)
+        self.rates[w] = _Rate()  # starts at the mean rate (see _rate_vector)
+        return self._publish(rebalance_joined(self.owner, self.alive, [w]), membership=True)
+
+    # -- planning ---------------------------------------------------------------
+
+    def table(self) -> VwTable:
+        return VwTable(self.version, self.owner.copy())
+
+    def _update_rates(self, now: float) -> None:
+        for w in sorted(self.alive):
+            st = self.rates[w]
+            if st.last_report is not None and now - st.last_report > 2 * self.epoch_s:
+                # no report for two epochs: busy all along without finishing (stopped)
+                st.busy_s += now - st.last_report
+                st.last_report = now
+            if st.busy_s < MIN_BUSY_S:
+                continue
+            sample = st.processed / st.busy_s
+            st.recent = [*st.recent[-(RECENT - 1):], (sample, st.busy_s)]
+            st.seen_s += st.busy_s
+            # EWMA (time constant tau_s of busy time) that averages all samples
+            # while it is younger than tau_s: the first ones are short
+            alpha = max(1.0 - math.exp(-st.busy_s / self.tau_s), st.busy_s / st.seen_s)
+            if st.value is None or st.value <= 0:
+                st.value, st.rel_var = sample, 0.0
+            else:
+                dev = (sample - st.value) / st.value
+                if abs(dev) > self.jump and st.pending_jump * dev > 0:
+                    # two deviations in a row, same direction: the capacity changed
+                    st.value, st.seen_s, st.rel_var = sample, st.busy_s, 0.0
+                    st.pending_jump = 0.0
+                    self.stats.rate_resets += 1
+                else:
+                    st.pending_jump = dev if abs(dev) > self.jump else 0.0
+                    st.value += alpha * (sample - st.value)
+                    st.rel_var += alpha * (dev * dev - st.rel_var)
+            # standard error of an EWMA of samples with this variance
+            st.noise = math.sqrt(st.rel_var * alpha / (2.0 - alpha))
+            st.processed, st.busy_s = 0, 0.0
+
+    def _update_loads(self, now: float) -> None:
+        """Fold the complete buckets of routed messages into the per-VW load
+        estimates: a bucket is complete when every source that still reports
+        (one silent for two epochs - done, or dead - does not hold the others
+        back) reported past it."""
+        self._last_tick = now
+        reporting = [t for t in self._routed_to.values() if now - t <= 2 * self.epoch_s]
+        horizon = min(reporting, default=now)
+        d = self._arrivals.bucket_s
+        for counts in self._arrivals.take_complete(horizon):
+            sample = counts / d
+            if self.vw_rate is None:
+                if sample.sum() <= 0:
+                    continue
+                self.vw_rate, self._load_seen_s = sample, d
+                continue
+            self._load_seen_s += d
+            # an EWMA that averages everything seen while it is younger than its
+            # time constant (the first samples are few and noisy)
+            alpha = max(1.0 - math.exp(-d / self.load_tau_s), d / self._load_seen_s)
+            self.vw_rate += alpha * (sample - self.vw_rate)
+
+    def _rate_vector(self) -> np.ndarray | None:
+        """Every worker's rate; one not measured yet is at the mean, one that
+        stopped (rate 0) at a thousandth of it (plans need rates > 0)."""
+        known = [v for w in self.alive if (v := self.rates[w].value) is not None]
+        mean = float(np.mean(known)) if known else 0.0
+        if mean <= 0:
+            return None
+        vals = [self.rates[w].value for w in range(self.n_workers)]
+        return np.array([mean if v is None else max(v, 1e-3 * mean) for v in vals])
+
+    def _gain_needed(self, lam: np.ndarray, rate: np.ndarray) -> float:
+        """Hysteresis: ``min_gain``, or more while the estimates are noisier.
+
+        The current bottleneck worker's predicted utilization has a relative
+        standard error from its load estimate (counting noise: ``1 /
+        sqrt(messages behind it)``, the estimate spanning ``min(seen, 2
+        load_tau_s)`` seconds) and from its rate estimate (the spread of its
+        samples); a plan must gain ``NOISE_Z`` of those, so early, short
+        estimates or a noisy machine do not move VWs back and forth."""
+        load = np.bincount(self.owner, weights=lam, minlength=self.n_workers)
+        alive = sorted(self.alive)
+        b = alive[int(np.argmax(load[alive] / rate[alive]))]
+        span = min(self._load_seen_s, 2.0 * self.load_tau_s)
+        load_noise = 1.0 / math.sqrt(max(load[b] * span, 1.0))
+        noise = math.hypot(load_noise, self.rates[b].noise)
+        return max(self.min_gain, NOISE_Z * noise)
+
+    def tick(self, now: float) -> VwTable | None:
+        """Every ``epoch_s``: re-estimate and re-plan; a new table if one was
+        made. Until the estimates can support a plan (the first one needs every
+        live worker's rate and the routed loads), every call tries again."""
+        if not self.started or now < self._next_plan:
+            return None
+        self._update_rates(now)
+        self._update_loads(now)
+        rate = self._rate_vector()
+        unmeasured = any(self.rates[w].value is None for w in self.alive)
+        if (rate is None or self.vw_rate is None or self.vw_rate.sum() <= 0
+                or (unmeasured and not self.stats.plans)):
+            return None
+        self._next_plan = now + self.epoch_s
+        lam = self.vw_rate.copy()
+        lam[lam <= 0] = lam[lam > 0].min() if (lam > 0).any() else 1.0
+        needed = self._gain_needed(lam, rate)
+        alive = sorted(self.alive)
+        owner, moved = plan_table(self.owner, lam, rate, alive, min_gain=needed)
+        if not moved:
+            return None
+        self.stats.moves += moved
+        gain = 1.0 - bottleneck(owner, lam, rate, alive) / bottleneck(self.owner, lam, rate, alive)
+        return self._publish(owner, now=now, detail=(round(gain, 4), round(needed, 4)))
+
+    def _publish(self, owner: np.ndarray, *, membership: bool = False,
+                 now: float | None = None, detail: tuple[float, ...] = ()
+                 ) -> VwTable | None:
+        moved = int((owner != self.owner).sum())
+        if not moved:
+            return None
+        self.owner = owner.astype(np.int32)
+        self.version += 1
+        if membership:
+            self.stats.membership_moves += moved
+        else:
+            self.stats.plans += 1
+        self.stats.history.append((float(now if now is not None else self._last_tick),
+                                   self.version, moved, *detail))
+        return self.table()
+
+    def summary(self) -> dict[str, Any]:
+        rate = self._rate_vector()
+        return {
+            "t0": self.t0,
+            "version": self.version, "plans": self.stats.plans, "moves": self.stats.moves,
+            "membership_moves": self.stats.membership_moves,
+            "rate_resets": self.stats.rate_resets,
+            "rates": None if rate is None else [float(x) for x in rate],
+            "rate_samples": [[[round(a, 1), round(b, 3)] for a, b in self.rates[w].recent]
+                             for w in range(self.n_workers)],
+            "vw_per_worker": np.bincount(self.owner, minlength=self.n_workers).tolist(),
+            "history": [list(h) for h in self.stats.history],
+        }
+
+
+# ============================================================================ the grouping
+
+
+def _validate_positive(name: str, value: float, hi: float) -> float:
+    if not (isinstance(value, (int, float)) and not isinstance(value, bool)
+            and math.isfinite(value) and 0 < value <= hi):
+        raise ValueError(f"{name} must be in (0, {hi:g}] (got {value!r})")
+    return float(value)
+
+
+@register
+class AdaptiveConsistentGrouping(Grouping):
+    """ACG grouping (source side): PoRC over VWs + the controller's table.
+
+    Tunables:
+        eps: PoRC slack over VWs, in ``[0, 10]`` (default 2: a VW holds up to
+            3x the mean load; light keys stay on one VW, so replication stays
+            low, and the controller balances the uneven VW loads).
+        virtual_per_worker: VWs per worker ``R``, in ``[1, 1000]`` (default 16):
+            capacity shares in steps of ``1 / (n R)``.
+        epoch_s: the controller re-plans every ``epoch_s`` seconds (default 1).
+        tau_s: time constant of the workers' rate estimates (default 2 s).
+        load_tau_s: time constant of the per-VW load estimates (default 20 s:
+            a VW's load is steady, its count over one epoch is noisy).
+        jump: a rate sample this far (relative) from the estimate, twice in a
+            row, resets the estimate: a capacity change (default 0.25).
+        min_gain: hysteresis, the smallest relative improvement of the
+            bottleneck that changes the table (default 0.02).
+
+    ``epoch_s``, ``tau_s``, ``jump`` and ``min_gain`` configure the controller
+    (``coordinator``), not routing.
+    """
+
+    name = "acg"
+    uses_feedback = True
+    coordinated = True
+
+    def __init__(
+        self,
+        n_workers: int,
+        seed: int = 0,
+        clock: Clock | None = None,
+        eps: float = 2.0,
+        virtual_per_worker: int = 16,
+        epoch_s: float = 1.0,
+        tau_s: float = 2.0,
+        load_tau_s: float = 20.0,
+        jump: float = 0.25,
+        min_gain: float = 0.02,
+    ) -> None:
+        super().__init__(n_workers, seed, clock)
+        self.eps = validate_eps(eps)
+        r = virtual_per_worker
+        if not (isinstance(r, (int, np.integer)) and not isinstance(r, bool)
+                and 1 <= r <= MAX_VIRTUAL_PER_WORKER):
+            raise ValueError(f"virtual_per_worker must be an int in "
+                             f"[1, {MAX_VIRTUAL_PER_WORKER}] (got {r!r})")
+        self.virtual_per_worker = int(r)
+        self.controller_params = {
+            "epoch_s": _validate_positive("epoch_s", epoch_s, 3600.0),
+            "tau_s": _validate_positive("tau_s", tau_s, 3600.0),
+            "load_tau_s": _validate_positive("load_tau_s", load_tau_s, 3600.0),
+            "jump": _validate_positive("jump", jump, 100.0),
+            "min_gain": _validate_positive("min_gain", min_gain, 1.0) if min_gain else 0.0,
+        }
+        self.n_virtual = self.n_workers * self.virtual_per_worker
+        self._alive = set(range(self.n_workers))
+        self.vw_owner = initial_table(self.n_workers, self.n_virtual)
+        self.version = 0
+        self.vw_loads = np.zeros(self.n_virtual, dtype=np.int64)  # only grows (probe memo)
+        self.m = 0
+        self._memo = ProbeMemo()
+        self._vw_ids = np.arange(self.n_virtual, dtype=np.int64)
+        self.adopted: list[tuple[float, int]] = []  # (clock, version) of every table taken
+
+    @classmethod
+    def coordinator(cls, n_workers: int, params: dict[str, Any],
+                    alive: Iterable[int] | None = None, t0: float | None = None
+                    ) -> AcgController:
+        """The controller for a run of this scheme with ``params`` (validated
+        here as the grouping validates them)."""
+        g = cls(n_workers, **params)
+        return AcgController(n_workers, g.n_virtual, alive=alive, t0=t0,
+                             **g.controller_params)
+
+    # -- routing ---------------------------------------------------------------
+
+    def route_virtual(self, key_hashes: np.ndarray) -> np.ndarray:
+        """Route a micro-batch to VWs (``int64``), updating the VW loads."""
+        h = np.ascontiguousarray(key_hashes, dtype=np.uint64)
+        out = np.empty(len(h), dtype=np.int64)
+        self.m = porc_route(h, self.vw_loads, self.m, self.eps, self._memo.table,
+                            self._vw_ids, out)
+        return out
+
+    def owner_of(self, vws: np.ndarray) -> np.ndarray:
+        return self.vw_owner[vws]
+
+    def route(self, key_hashes: np.ndarray) -> np.ndarray:
+        return self.vw_owner[self.route_virtual(key_hashes)]
+
+    # -- feedback --------------------------------------------------------------
+
+    def on_table(self, table: VwTable) -> bool:
+        if table.version <= self.version:
+            return False
+        self.adopt(table)
+        return True
+
+    def adopt(self, table: VwTable) -> None:
+        """Take a newer table; VWs it gives to workers this source knows
+        departed are handed out by ``reassign_departed`` (the controller does
+        the same once it learns of the departure)."""
+        owner = np.asarray(table.owner, dtype=np.int32)
+        if len(owner) != self.n_virtual:
+            raise ValueError(f"table of {len(owner)} VWs for {self.n_virtual}")
+        owner = reassign_departed(owner, self._alive)
+        self.migrations += int((owner != self.vw_owner).sum())
+        self.vw_owner = owner.copy()
+        self.version = int(table.version)
+        self.adopted.append((self.clock(), self.version))
+
+    # -- membership ------------------------------------------------------------
+
+    def on_workers_changed(self, alive: Sequence[int]) -> None:
+        target = {int(w) for w in alive}
+        if not target:
+            raise ValueError("alive must contain at least one worker")
+        bad = [w for w in target if not 0 <= w < self.n_workers]
+        if bad:
+            raise ValueError(f"worker ids must be in [0, {self.n_workers}) (got {bad[0]})")
+        joined = target - self._alive
+        self._alive = target
+        owner = reassign_departed(self.vw_owner, target)
+        owner = rebalance_joined(owner, target, joined)
+        self.migrations += int((owner != self.vw_owner).sum())
+        self.vw_owner = owner
+
+    def live_workers(self) -> list[int]:
+        return sorted(self._alive)
+
+    # -- reporting -------------------------------------------------------------
+
+    def vw_per_worker(self) -> np.ndarray:
+        """Number of VWs each worker currently owns (``int64[n_workers]``)."""
+        return np.bincount(self.vw_owner, minlength=self.n_workers)
+
+    def stats(self) -> dict[str, Any]:
+        s = super().stats()
+        s["vw_per_worker"] = self.vw_per_worker().tolist()
+        s["table_version"] = self.version
+        s["tables_adopted"] = [[float(t), int(v)] for t, v in self.adopted]
+        return s
+
+
+def table_agreement(history: Sequence[Sequence[float]],
+                    adopted: Sequence[Sequence[Sequence[float]]],
+                    duration_s: float) -> dict[str, Any]:
+    """How well the sources agreed on the controller's tables.
+
+    ``history``: the controller's ``(time, version, moved)`` per published
+    table; ``adopted``: per source, its ``(time, version)`` adoptions (same
+    clock). Lag = adoption - publication; ``disagree_fraction`` = time during
+    which the sources held different versions, over ``duration_s`` (while
+    they disagree, a moved VW's keys may go to its old and new worker).
+    """
+    published = {int(v): float(t) for t, v, *_ in history}
+    lags = []
+    spread = 0.0
+    for v, t_pub in published.items():
+        times = [float(t) for src in adopted for t, vv in src if int(vv) == v]
+        lags += [max(0.0, t - t_pub) for t in times]
+        if len(times) == len(adopted) and times:  # (a source may skip to a newer one)
+            spread += max(times) - min(times)
+    return {
+        "tables": len(published),
+        "lag_ms": {"mean": float(np.mean(lags) * 1e3) if lags else 0.0,
+                   "max": float(np.max(lags) * 1e3) if lags else 0.0},
+        "disagree_fraction": spread / duration_s if duration_s > 0 else 0.0,
+    }
+
+
+def coordinator_report(summary: dict[str, Any], adopted: Sequence[Sequence[Sequence[float]]],
+                       duration_s: float) -> dict[str, Any]:
+    """report.json's ``coordinator`` block (both engines): the controller's
+    summary plus the sources' agreement on its tables."""
+    return {**summary, "agreement": table_agreement(summary["history"], adopted, duration_s)}

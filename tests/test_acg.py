@@ -1,0 +1,275 @@
+"""ACG's controller and table (runtime.grouping.acg), driven by scripted reports
+on a fake clock: the plan is capacity-proportional, balanced clusters make no
+moves, capacity changes are followed, every source computes the same table,
+and no worker ever loses its last virtual worker."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from runtime.grouping import make_grouping
+from runtime.grouping.acg import (
+    AcgController,
+    AdaptiveConsistentGrouping,
+    VwTable,
+    bottleneck,
+    plan_table,
+    reassign_departed,
+    rebalance_joined,
+    table_agreement,
+)
+
+R = 16
+
+
+def proportional(rates: list[float], n_virtual: int) -> np.ndarray:
+    r = np.asarray(rates, dtype=np.float64)
+    return n_virtual * r / r.sum()
+
+
+# ----------------------------------------------------------------------------- plan_table
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    n=st.integers(1, 9),
+    per=st.integers(1, 12),
+    seed=st.integers(0, 10_000),
+    gain=st.sampled_from([0.0, 0.02, 0.1]),
+)
+def test_plan_never_strips_a_worker_and_never_gets_worse(n: int, per: int, seed: int,
+                                                          gain: float) -> None:
+    rng = np.random.default_rng(seed)
+    b = n * per
+    owner = rng.integers(0, n, size=b).astype(np.int32)
+    owner[:n] = np.arange(n)  # everyone starts with >= 1 VW
+    lam = rng.uniform(0.05, 3.0, size=b)
+    rate = rng.uniform(0.1, 5.0, size=n)
+    alive = list(range(n))
+    new, moved = plan_table(owner, lam, rate, alive, min_gain=gain)
+    assert np.bincount(new, minlength=n).min() >= 1
+    assert moved == int((new != owner).sum())
+    before, after = bottleneck(owner, lam, rate, alive), bottleneck(new, lam, rate, alive)
+    if moved:
+        assert after <= before * (1 - gain) + 1e-12  # hysteresis
+    else:
+        np.testing.assert_array_equal(new, owner)
+    again, _ = plan_table(owner, lam, rate, alive, min_gain=gain)
+    np.testing.assert_array_equal(again, new)  # a function of its inputs: sources agree
+
+
+def test_plan_reaches_the_capacity_proportional_table() -> None:
+    """Equal VW loads, capacities [1, 1, 1, 0.2 x 7]: every worker's VW count is
+    within one of its capacity share of the 160 VWs."""
+    rates = [1.0] * 3 + [0.2] * 7
+    n = len(rates)
+    owner = (np.arange(n * R) % n).astype(np.int32)
+    new, moved = plan_table(owner, np.ones(n * R), np.array(rates), list(range(n)))
+    counts = np.bincount(new, minlength=n)
+    assert moved > 0
+    assert np.abs(counts - proportional(rates, n * R)).max() <= 1.0
+
+
+def test_plan_makes_no_move_on_a_balanced_cluster() -> None:
+    n = 8
+    owner = (np.arange(n * R) % n).astype(np.int32)
+    new, moved = plan_table(owner, np.ones(n * R), np.ones(n), list(range(n)))
+    assert moved == 0 and new is not None
+    np.testing.assert_array_equal(new, owner)
+
+
+def test_plan_gives_nothing_to_a_departed_worker() -> None:
+    n = 5
+    owner = reassign_departed((np.arange(n * R) % n).astype(np.int32), {0, 1, 2, 4})
+    rates = np.array([1.0, 1.0, 1.0, 9.0, 0.5])  # worker 3 is gone, however fast
+    new, _ = plan_table(owner, np.ones(n * R), rates, [0, 1, 2, 4])
+    assert 3 not in new
+    assert np.bincount(new, minlength=n)[[0, 1, 2, 4]].min() >= 1
+
+
+# ----------------------------------------------------------------------------- membership
+
+
+def test_membership_rule_is_deterministic_and_fair() -> None:
+    n = 6
+    owner = (np.arange(n * R) % n).astype(np.int32)
+    gone = reassign_departed(owner, {0, 1, 2, 3, 5})
+    counts = np.bincount(gone, minlength=n)
+    assert counts[4] == 0 and counts.max() - counts[[0, 1, 2, 3, 5]].min() <= 1
+    back = rebalance_joined(gone, {0, 1, 2, 3, 4, 5}, [4])
+    assert np.bincount(back, minlength=n)[4] == R  # B // |alive|
+    np.testing.assert_array_equal(back, rebalance_joined(gone, {0, 1, 2, 3, 4, 5}, [4]))
+
+
+def test_sources_and_controller_agree_through_departures_and_tables() -> None:
+    """Two sources and the controller see the same events (a table, a death, a
+    join, a later table): they end with identical tables, and a table that
+    still names a departed worker is fixed the same way on every source."""
+    n = 5
+    ctl = AcgController(n, n * R, t0=0.0)
+    a, b = (AdaptiveConsistentGrouping(n, seed=s, virtual_per_worker=R) for s in (0, 1))
+    t1 = VwTable(1, np.array(list(range(n)) * R, dtype=np.int32)[::-1].copy())
+    a.on_table(t1)
+    a.remove_worker(2)
+    b.remove_worker(2)  # b learns of the death first, then gets the older table
+    b.on_table(t1)
+    ctl.owner, ctl.version = t1.owner.copy(), 1
+    ctl.remove_worker(2)
+    np.testing.assert_array_equal(a.vw_owner, b.vw_owner)
+    np.testing.assert_array_equal(a.vw_owner, ctl.owner)
+    assert 2 not in a.vw_owner
+    for g in (a, b):
+        g.add_worker(2)
+    ctl.add_worker(2)
+    np.testing.assert_array_equal(a.vw_owner, ctl.owner)
+    np.testing.assert_array_equal(b.vw_owner, ctl.owner)
+    assert not a.on_table(VwTable(1, t1.owner))  # an older version is ignored
+
+
+# ----------------------------------------------------------------------------- controller
+
+
+class Script:
+    """Scripted reports: ``n`` workers at ``rates`` (msgs/s), always busy, two
+    sources routing ``load`` msgs/s spread evenly over the VWs, reporting
+    every ``epoch`` on a fake clock (sources at different phases)."""
+
+    def __init__(self, rates: list[float], *, load: float = 4000.0, noise: float = 0.0,
+                 seed: int = 0, split_vws: bool = False, **params) -> None:
+        self.n = len(rates)
+        self.rates = list(rates)
+        self.load = load
+        self.noise = noise
+        self.split_vws = split_vws  # each source routes to its own half of the VWs
+        self.rng = np.random.default_rng(seed)
+        self.ctl = AdaptiveConsistentGrouping.coordinator(
+            self.n, {"virtual_per_worker": R, **params}, t0=0.0)
+        self.t = 0.0
+        self.tables: list[VwTable] = []
+
+    def epoch(self, dt: float = 1.0, stopped: frozenset[int] = frozenset()) -> None:
+        ctl, b = self.ctl, self.ctl.n_virtual
+        for s, phase in ((0, 0.0), (1, 0.37)):  # staggered source reports
+            t = self.t + dt - phase * dt
+            since = max(0.0, t - dt)  # (the run starts at 0)
+            ids = np.arange(s, b, 2) if self.split_vws else np.arange(b)
+            counts = np.full(len(ids), self.load * (t - since) / len(ids) / 2)
+            ctl.report_routed(s, since, t, ids, counts)
+        self.t += dt
+        for w in range(self.n):
+            if w in stopped:
+                continue
+            jitter = 1.0 + self.noise * self.rng.standard_normal()
+            ctl.report(w, int(self.rates[w] * dt * jitter), dt, self.t)
+            table = ctl.tick(self.t)
+            if table is not None:
+                self.tables.append(table)
+
+    def counts(self) -> np.ndarray:
+        return np.bincount(self.ctl.owner, minlength=self.n)
+
+
+def test_controller_converges_to_the_capacity_proportional_table() -> None:
+    sc = Script([1000.0] * 3 + [200.0] * 7)
+    for _ in range(6):
+        sc.epoch()
+    assert np.abs(sc.counts() - proportional(sc.rates, sc.ctl.n_virtual)).max() <= 1.0
+    moves = sc.ctl.stats.moves
+    for _ in range(20):  # steady: nothing more to do
+        sc.epoch()
+    assert sc.ctl.stats.moves == moves
+
+
+def test_controller_makes_no_moves_on_a_homogeneous_cluster_despite_noisy_rates() -> None:
+    sc = Script([1000.0] * 8, noise=0.05, seed=3)
+    for _ in range(60):
+        sc.epoch()
+    assert sc.ctl.stats.moves == 0 and sc.ctl.version == 0
+    assert (sc.counts() == R).all()
+
+
+def test_controller_follows_a_capacity_change_within_three_epochs() -> None:
+    sc = Script([1000.0] * 3 + [200.0] * 7)
+    for _ in range(8):
+        sc.epoch()
+    sc.rates[0], sc.rates[5] = 200.0, 1000.0  # the fast role moves (total kept)
+    for _ in range(3):
+        sc.epoch()
+    assert sc.ctl.stats.rate_resets >= 2
+    assert np.abs(sc.counts() - proportional(sc.rates, sc.ctl.n_virtual)).max() <= 1.0
+
+
+def test_a_stopped_worker_keeps_one_vw_and_gets_them_back() -> None:
+    sc = Script([1000.0] * 4)
+    for _ in range(3):
+        sc.epoch()
+    for _ in range(6):  # worker 3 stops: no reports
+        sc.epoch(stopped=frozenset({3}))
+    assert sc.counts()[3] == 1  # never its last one
+    for _ in range(12):
+        sc.epoch()
+    assert abs(sc.counts()[3] - R) <= 1
+
+
+def test_reports_before_the_run_starts_are_ignored_and_a_long_silence_is_cheap() -> None:
+    ctl = AcgController(4, 4 * R)
+    ctl.report(0, 1000, 1.0, now=1.7e9)  # a worker's pre-run flush: wall-clock times
+    ctl.report_routed(0, 1.7e9 - 1, 1.7e9, np.arange(4 * R), np.ones(4 * R))
+    assert ctl.tick(1.7e9) is None and not ctl.started
+    ctl.start(1.7e9)
+    ctl.report_routed(0, 1.7e9, 1.7e9 + 1e4, np.arange(4 * R), np.ones(4 * R))
+    assert ctl.tick(1.7e9 + 1e4) is None  # folds at most MAX_BUCKETS buckets
+
+
+def test_load_estimates_are_not_biased_by_staggered_reports() -> None:
+    """Even loads, each source routing to its own half of the VWs and
+    reporting at its own phase: the per-VW estimates stay even (one half
+    would look doubled or absent if reports were divided by the controller's
+    own tick interval instead of put on a timeline by their windows)."""
+    sc = Script([1000.0] * 4, split_vws=True)
+    for _ in range(10):
+        sc.epoch()
+    lam = sc.ctl.vw_rate
+    assert lam is not None
+    assert lam.max() / lam.min() == pytest.approx(1.0, abs=1e-6)
+    assert lam.sum() == pytest.approx(sc.load, rel=1e-6)
+
+
+def test_table_agreement_measures_lag_and_disagreement() -> None:
+    history = [(10.0, 1, 4), (20.0, 2, 3)]
+    adopted = [[(10.1, 1), (20.2, 2)], [(10.3, 1), (20.2, 2)]]
+    got = table_agreement(history, adopted, duration_s=40.0)
+    assert got["tables"] == 2
+    assert got["lag_ms"]["max"] == pytest.approx(300.0)
+    assert got["disagree_fraction"] == pytest.approx(0.2 / 40.0)
+
+
+# ----------------------------------------------------------------------------- WRR
+
+
+def test_wrr_shares_follow_the_capacities_within_one_message() -> None:
+    g = make_grouping("wrr", 4, seed=0)
+    for w, c in enumerate([1.0, 1.0, 0.5, 0.25]):
+        g.on_capacity(w, c)
+    total = 0
+    counts = np.zeros(4, dtype=np.int64)
+    for m in (1, 7, 100, 1000, 2):
+        counts += np.bincount(g.route(np.zeros(m, dtype=np.uint64)), minlength=4)
+        total += m
+        share = total * np.array([1.0, 1.0, 0.5, 0.25]) / 2.75
+        assert np.abs(counts - share).max() <= 1.0 + 1e-9
+    g.on_capacity(3, 1.0)  # a change as it happens
+    more = np.bincount(g.route(np.zeros(350, dtype=np.uint64)), minlength=4)
+    assert np.abs(more - 350 * np.array([1.0, 1.0, 0.5, 1.0]) / 3.5).max() <= 2.0
+
+
+def test_wrr_routes_nothing_to_a_departed_worker() -> None:
+    g = make_grouping("wrr", 3, seed=1)
+    g.remove_worker(1)
+    w = g.route(np.zeros(300, dtype=np.uint64))
+    assert 1 not in w and set(np.unique(w)) == {0, 2}
+    with pytest.raises(ValueError, match="capacity must be > 0"):
+        g.on_capacity(0, 0.0)
