@@ -1,7 +1,8 @@
 """The aggregator actor: merges the workers' periodic partials into the final table.
 
-``AggregatorCore`` wraps the app's aggregator (``runtime.apps``). Workers'
-flushes arrive through ``commit(flush)``: each is merged *and* recorded in the
+``AggregatorCore`` drives the app's operator on the aggregator's side
+(``runtime.operators.AggregatorApp``: merge every committed partial, ``finish``
+at the end). Workers' flushes arrive through ``commit(flush)``: each is merged *and* recorded in the
 ``runtime.reliability.CommitLedger`` in the same call - a flush is committed
 atomically or not at all - in sequence order per worker (an early one waits
 for the gap to fill), duplicates ignored, and nothing more from a worker once
@@ -30,14 +31,17 @@ from runtime.reliability import CommitLedger, Flush, peak_rss_mb
 
 
 class AggregatorCore:
-    def __init__(self, app_kind: str, app_params: dict[str, Any],
-                 coordinator: Any = None, clock: Callable[[], float] = time.time) -> None:
-        from runtime.apps import make_app
+    """``app``: the topology's ``app`` section (a mapping; its operator is built
+    here, ``base_dir`` resolving a user's file) or a ``BoundOperator``."""
+
+    def __init__(self, app: Any, base_dir: str = ".", coordinator: Any = None,
+                 clock: Callable[[], float] = time.time) -> None:
+        from runtime.operators import AggregatorApp, BoundOperator, operator_for_app
 
         self.coordinator = coordinator
         self.clock = clock
-        self.app = make_app(app_kind, **app_params)
-        self.agg = self.app.new_aggregator()
+        op = app if isinstance(app, BoundOperator) else operator_for_app(app, base_dir)
+        self.app = AggregatorApp(op)
         self.partials = 0
         self.ledger = CommitLedger()
         self._early: dict[int, dict[int, Flush]] = {}  # worker -> seq -> flush
@@ -46,7 +50,7 @@ class AggregatorCore:
         if isinstance(partial, Flush):
             self.commit(partial)
             return
-        self.agg.merge(partial)
+        self.app.merge(partial)
         self.partials += 1
 
     def commit(self, flush: Flush) -> tuple[str, int, Any]:
@@ -75,7 +79,7 @@ class AggregatorCore:
         return verdict, self.ledger.committed_seq.get(flush.worker, 0), table
 
     def _apply(self, flush: Flush) -> None:
-        self.agg.merge(flush.partial)
+        self.app.merge(flush.partial, flush.worker)
         self.partials += 1
         self.ledger.record(flush)
 
@@ -126,7 +130,7 @@ class AggregatorCore:
         return ray.get_runtime_context().get_node_id()
 
     def result(self) -> pa.Table:
-        return self.agg.result()
+        return self.app.result()
 
     def stats(self) -> dict[str, Any]:
         out = {"partials": self.partials, **self.ledger.stats(),

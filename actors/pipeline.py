@@ -98,12 +98,6 @@ def shard_block_rows(topo: Topology) -> int:
     return int(min(SHARD_BLOCK_ROWS, max(1000, math.ceil(hint / (4 * topo.sources)))))
 
 
-def _app_params(topo: Topology) -> dict[str, Any]:
-    p = topo.app.model_dump()
-    p.pop("kind")
-    return p
-
-
 class _Progress:
     def __init__(self, total: int, enabled: bool) -> None:
         self.bar = None
@@ -219,16 +213,17 @@ def run_pipeline(
     total = int(sum(counts))
     if topo.sources > 1 and 0 in counts:
         say(f"[{topo.name}] warning: uneven shards {counts} (a source has nothing to send)")
-    # heavy-hitters' result is only the top-k: count the input's distinct keys instead
+    # heavy-hitters' result is only the top-k, an operator's anything: count the
+    # input's distinct keys instead (replication's denominator)
     distinct_input = (int(df.select("key").distinct().count())
-                      if topo.app.kind == "heavy-hitters" else None)
+                      if topo.app.kind in ("heavy-hitters", "operator") else None)
     load_s = time.time() - t_load
     say(f"[{topo.name}] input ready: {total:,} messages in {topo.sources} shard(s), "
         f"{load_s:.1f} s; actors in Ray namespace {namespace}")
 
     try:
-        app_params = _app_params(topo)
-        label = "label" if topo.app.kind == "naive-bayes" else None
+        app = topo.app.model_dump()
+        columns = topo.app.columns_needed()
         sig = signal_settings(topo)
         qcap = min(wspec.queue_batches, topo.sources * run.max_inflight)
 
@@ -240,7 +235,7 @@ def run_pipeline(
         Agg = aggregator_mod.actor_class()
         agg = Agg.options(name="aggregator", namespace=namespace,
                           **actor_options(topo.placement.get("aggregator"))).remote(
-            topo.app.kind, app_params, coordinator)
+            app, topo.base_dir, coordinator)
         actors.append(agg)
 
         Worker = worker_mod.actor_class()
@@ -252,7 +247,7 @@ def run_pipeline(
                 **actor_options(topo.placement.get(f"worker-{i}")),  # num_cpus=0 unless asked
             }
             w = Worker.options(**opts).remote(
-                i, topo.app.kind, app_params, agg,
+                i, app, topo.base_dir, agg,
                 service_us=wspec.service_us, capacity=caps.initial[i], throttle=wspec.throttle,
                 queue_batches=wspec.queue_batches, queue_capacity_batches=qcap,
                 slot_s=run.slot_s, signals=sig, aggregate_every_s=topo.app.aggregate_every_s,
@@ -273,7 +268,7 @@ def run_pipeline(
                                  **actor_options(topo.placement.get(f"source-{s}"))).remote(
                 s, shards[s], workers, topo.grouping.scheme, n, run.seed + s,
                 topo.grouping_params(), batch=run.batch, max_inflight=run.max_inflight,
-                rate_per_source=run.rate / topo.sources, key="key", label=label,
+                rate_per_source=run.rate / topo.sources, key="key", columns=columns,
                 vw_every_s=run.slot_s, aggregator=agg, epoch=epoch,
                 dead_workers=inactive if dead is None else dead,
                 capacities=caps.initial, capacity_changes=caps.changes,

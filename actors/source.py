@@ -56,11 +56,13 @@ from runtime.hashing import hash_arrow
 from runtime.reliability import (
     IDX_DTYPE,
     Entry,
+    Part,
     ReplayLog,
     ResumePlan,
     Tag,
     WorkerLost,
     peak_rss_mb,
+    take,
 )
 
 Clock = Callable[[], float]
@@ -76,9 +78,8 @@ class SourceFenced(RuntimeError):
 class Transport(Protocol):
     """How a source talks to workers (Ray object refs, or direct calls in tests)."""
 
-    def send(self, worker: int, keys: pa.Array, labels: np.ndarray | None,
-             emit_ts: float, tag: Tag | None = None) -> Any:
-        """Start processing a sub-batch; returns a token for ``wait``."""
+    def send(self, worker: int, parts: list[Part]) -> Any:
+        """Start processing sub-batches (one call); returns a token for ``wait``."""
 
     def wait(self, tokens: Sequence[Any], timeout: float | None) -> list[tuple[Any, Any]]:
         """Some finished tokens with their acks - or a ``WorkerLost`` instead of the
@@ -105,13 +106,13 @@ class Control(Protocol):
         it is there (else None)."""
 
 
-def keys_of(table: pa.Table, key: str) -> pa.Array:
-    col = table.column(key)
-    return col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col
-
-
-def hash_arrow_keys(keys: pa.Array) -> np.ndarray:
-    return hash_arrow(keys)
+def as_record_batch(table: pa.Table | pa.RecordBatch) -> pa.RecordBatch:
+    """A batch of the shard as one record batch (its columns contiguous)."""
+    if isinstance(table, pa.RecordBatch):
+        return table
+    table = table.combine_chunks()  # one chunk per column: one batch
+    batches = table.to_batches()
+    return batches[0] if batches else pa.RecordBatch.from_pylist([], schema=table.schema)
 
 
 class SourceCore:
@@ -128,7 +129,6 @@ class SourceCore:
         outbox: int | None = None,
         rate_per_source: float = 0.0,
         key: str = "key",
-        label: str | None = None,
         vw_every_s: float = 0.5,
         clock: Clock = time.time,
         sleep: Callable[[float], None] = time.sleep,
@@ -156,7 +156,6 @@ class SourceCore:
         self._outbox_n = np.zeros(self.n_workers, dtype=np.int64)  # messages in each
         self.rate = float(rate_per_source)
         self.key = key
-        self.label = label
         self.clock = clock
         self.sleep = sleep
         self.t0 = t0
@@ -192,6 +191,7 @@ class SourceCore:
         self.resume: dict[str, Any] | None = None  # what a restart skipped / re-sent
         self.acks_done_ts: float | None = None  # the stream's last ack (before commits)
         self.retained_peak = 0  # most messages held in the replay log at once
+        self.retained_peak_bytes = 0  # and bytes
         self.rerouted = 0  # unsent messages moved by a new VW table (coordinated schemes)
         #: coordinated schemes: per-VW routed counts, sent every ``report_every_s``
         self.report_every_s = float(report_every_s)
@@ -305,8 +305,8 @@ class SourceCore:
         self.acked_per_worker[w] -= acked_before
         replayed: set[int] = set()
         for e in lost:
-            new_ids = {id(new) for new in self._route_entries(e.batch, e.idx, e.keys, e.labels,
-                                                              e.emit_ts, replay=True)}
+            new_ids = {id(new) for new in self._route_entries(e.batch, e.idx, e.records,
+                                                              e.hashes, e.emit_ts, replay=True)}
             replayed |= new_ids
             # a replay of an earlier failure lost again: that failure now waits for these
             for pending in self._replaying.values():
@@ -409,12 +409,11 @@ class SourceCore:
             self.vw_history.append((now - self.t0, [int(x) for x in per]))
 
     # ------------------------------------------------------------------ main loop
-    def _route_entries(self, batch: int, pos: np.ndarray, keys: pa.Array,
-                       labels: np.ndarray | None, emit: float,
-                       replay: bool = False) -> list[Entry]:
-        """Route messages ``pos`` of batch ``batch`` (``keys`` / ``labels`` in the
-        same order); queue one retained ``Entry`` per destination worker."""
-        hashes = hash_arrow_keys(keys)
+    def _route_entries(self, batch: int, pos: np.ndarray, records: pa.RecordBatch,
+                       hashes: np.ndarray, emit: float, replay: bool = False) -> list[Entry]:
+        """Route messages ``pos`` of batch ``batch`` (``records`` and their key
+        ``hashes`` in the same order); queue one retained ``Entry`` per
+        destination worker."""
         vws = None
         if self.grouping.coordinated:  # keep each message's VW: a new table re-routes
             vws = self.grouping.route_virtual(hashes)
@@ -428,13 +427,13 @@ class SourceCore:
         out = []
         for w in np.flatnonzero(counts):
             sel = order[bounds[w]:bounds[w + 1]]
-            e = self.log.add(Entry(int(w), batch, pos[sel], keys.take(pa.array(sel)),
-                                   labels[sel] if labels is not None else None, emit,
-                                   replay=replay, vws=None if vws is None else vws[sel]))
+            e = self.log.add(Entry(int(w), batch, pos[sel], take(records, sel), hashes[sel],
+                                   emit, replay=replay, vws=None if vws is None else vws[sel]))
             self._queue(e)
             self.sent_per_worker[w] += len(sel)
             out.append(e)
         self.retained_peak = max(self.retained_peak, self.log.messages)
+        self.retained_peak_bytes = max(self.retained_peak_bytes, self.log.nbytes)
         return out
 
     def send_batch(self, table: pa.Table, emit_ts: float | None = None, *,
@@ -449,18 +448,16 @@ class SourceCore:
         """
         t = self.clock()
         emit = t if emit_ts is None else emit_ts
-        keys = keys_of(table, self.key)
-        n = len(keys)
+        n = table.num_rows
         if n == 0:
             return
-        labels = None
-        if self.label is not None:
-            labels = np.asarray(table.column(self.label).to_numpy(), dtype=np.int64)
+        records = as_record_batch(table)
+        hashes = hash_arrow(records.column(self.key))  # the only time a key is hashed
         if batch is None:
             batch = self.next_batch
             self.next_batch += 1
         pos = np.arange(n, dtype=IDX_DTYPE) if idx is None else np.asarray(idx, IDX_DTYPE)
-        self._route_entries(batch, pos, keys, labels, emit)
+        self._route_entries(batch, pos, records, hashes, emit)
         self.route_s += self.clock() - t
         self.routed += n
         self.batches += 1
@@ -484,7 +481,7 @@ class SourceCore:
                 e = q.popleft()
                 self._outbox_n[w] -= len(e.idx)
                 tag = Tag(self.index, self.epoch, e.batch, e.idx, watermark)
-                token = self.transport.send(w, e.keys, e.labels, e.emit_ts, tag=tag)
+                token = self.transport.send(w, [Part(tag, e.records, e.hashes, e.emit_ts)])
                 self._inflight[token] = e
                 self._inflight_per_worker[w] += 1
 
@@ -532,14 +529,12 @@ class SourceCore:
         n = table.num_rows
         todo, retain = plan.split(b, n)
         resume["reread_batches"] += 1
-        keys = keys_of(table, self.key)
-        labels = (np.asarray(table.column(self.label).to_numpy(), dtype=np.int64)
-                  if self.label is not None else None)
+        records = as_record_batch(table)
+        hashes = hash_arrow(records.column(self.key))
         emit = self.clock() if due is None else due
         for w, idx, seq in retain:
             if w in self.live:
-                self.log.add(Entry(w, b, idx, keys.take(pa.array(idx)),
-                                   labels[idx] if labels is not None else None, emit,
+                self.log.add(Entry(w, b, idx, take(records, idx), hashes[idx], emit,
                                    flush_seq=seq, replay=True))
                 resume["retained"] += len(idx)
         resume["skipped_messages"] += n - len(todo)
@@ -592,6 +587,7 @@ class SourceCore:
             "resume": self.resume,
             "live_workers": sorted(self.live),
             "retained_peak_messages": self.retained_peak,
+            "retained_peak_bytes": self.retained_peak_bytes,
             "joins": self.joins,
             "rerouted_messages": self.rerouted,
         }
@@ -612,9 +608,8 @@ class RayTransport:
         self.workers = list(workers)
         self._worker_of: dict[Any, int] = {}
 
-    def send(self, worker: int, keys: pa.Array, labels: np.ndarray | None,
-             emit_ts: float, tag: Tag | None = None) -> Any:
-        ref = self.workers[worker].process.remote(self.source, keys, labels, emit_ts, tag)
+    def send(self, worker: int, parts: list[Part]) -> Any:
+        ref = self.workers[worker].process.remote(self.source, parts)
         self._worker_of[ref] = worker
         return ref
 
@@ -701,7 +696,7 @@ class SourceActor:
     def __init__(self, index: int, shard: Any, workers: Sequence[Any], scheme: str,
                  n_workers: int, seed: int, grouping_params: dict[str, Any], *,
                  batch: int, max_inflight: int, rate_per_source: float, key: str,
-                 label: str | None, vw_every_s: float = 0.5, aggregator: Any = None,
+                 columns: Sequence[str] = (), vw_every_s: float = 0.5, aggregator: Any = None,
                  epoch: int = 0, dead_workers: Sequence[int] = (),
                  capacities: Sequence[float] | None = None,
                  capacity_changes: Sequence[tuple[float, int, float]] = (),
@@ -710,6 +705,7 @@ class SourceActor:
 
         self.shard = shard
         self.batch = int(batch)
+        self.columns = [c for c in columns if c != key]  # what the app needs besides the key
         # the wall clock: tables' adoption times compare with the controller's
         grouping = make_grouping(scheme, n_workers, seed=seed, clock=time.time,
                                  **grouping_params)
@@ -717,7 +713,7 @@ class SourceActor:
         self._prepared: Iterator[pa.Table] | None = None
         self.core = SourceCore(index, grouping, RayTransport(index, workers),
                                n_workers=n_workers, max_inflight=max_inflight,
-                               rate_per_source=rate_per_source, key=key, label=label,
+                               rate_per_source=rate_per_source, key=key,
                                vw_every_s=vw_every_s, control=self.control, epoch=epoch,
                                dead_workers=dead_workers, capacities=capacities,
                                capacity_changes=capacity_changes,
@@ -730,7 +726,7 @@ class SourceActor:
         import ray
 
         ray.data.DataContext.get_current().execution_options.preserve_order = True
-        cols = [self.core.key] + ([self.core.label] if self.core.label else [])
+        cols = [self.core.key, *self.columns]
         for b in self.shard.iter_batches(batch_size=self.batch, batch_format="pyarrow"):
             yield b.select(cols) if isinstance(b, pa.Table) else pa.table(b).select(cols)
 

@@ -12,10 +12,10 @@
 3. ``to_ray_shards(df, n_sources)``: ``ray.data.from_spark`` and one Ray
    Dataset shard per source actor; each actor iterates its own shard with
    ``iter_batches`` - the rows never pass through the driver.
-4. ``reference_result(df, kind, top_k)``: Spark's own answer, to check a
+4. ``reference_result(df, app)``: Spark's own answer, to check a
    run's ``result.parquet`` for exactness.
 
-Key conventions (same as ``runtime.apps`` and ``runtime.hashing``):
+Key conventions (same as ``runtime.operators`` and ``runtime.hashing``):
 
 - Keys are strings. A non-string key column (e.g. integer ids in Parquet or
   JSON) is cast with Spark's ``CAST(key AS STRING)``: ``5`` -> ``"5"``,
@@ -45,7 +45,6 @@ from typing import Any
 import pyarrow as pa
 import ray
 
-from runtime.apps import KINDS, sort_result
 from runtime.topology import FILE_FORMATS, Topology, TopologyError
 
 log = logging.getLogger(__name__)
@@ -186,13 +185,19 @@ def _generator_spec(topo: Topology) -> dict[str, Any]:
             "shift_every": i.shift_every, "classes": i.classes}
 
 
-def _generated_dataframe(spark: Any, topo: Topology, with_labels: bool) -> Any:
+#: Spark types of the generated streams' columns (``runtime.generators``)
+_GENERATED_TYPES = {"ts": "long", "label": "long", "value": "long", "amount": "double"}
+
+
+def _generated_dataframe(spark: Any, topo: Topology, columns: list[str]) -> Any:
     """The generated stream, produced by Spark's executor: message ``i`` is
-    ``runtime.generators.generate(i, 1, spec)`` whatever the partitioning."""
+    ``runtime.generators.generate(i, 1, spec)`` whatever the partitioning;
+    ``key`` plus ``columns`` (``runtime.generators.GENERATED_COLUMNS``)."""
     n = topo.input.messages if topo.input.limit is None else min(topo.input.messages,
                                                                    topo.input.limit)
     spec = _generator_spec(topo)
-    schema = "key string, label long" if with_labels else "key string"
+    cols = tuple(columns)
+    schema = ", ".join(["key string", *(f"{c} {_GENERATED_TYPES[c]}" for c in cols)])
     partitions = max(1, math.ceil(n / 250_000))
 
     def gen_partition(batches: Iterator[Any]) -> Iterator[Any]:
@@ -209,10 +214,11 @@ def _generated_dataframe(spark: Any, topo: Topology, with_labels: bool) -> Any:
             # so any id set maps to exactly generate()'s messages
             breaks = np.flatnonzero(np.diff(ids) != 1) + 1
             for run in np.split(ids, breaks):
-                cols = generate(int(run[0]), len(run), spec, with_labels=with_labels)
-                out = {"key": cols["key"]}
-                if with_labels:
-                    out["label"] = cols["label"]
+                got = generate(int(run[0]), len(run), spec, columns=cols)
+                out = {"key": got["key"]}
+                for c in cols:  # NaN in a float payload is a null (nullable dtype)
+                    v = got[c]
+                    out[c] = pd.array(v, dtype="Float64") if v.dtype.kind == "f" else v
                 yield pd.DataFrame(out)
 
     return spark.range(0, n, 1, numPartitions=partitions).mapInPandas(gen_partition, schema)
@@ -234,7 +240,9 @@ def _read_file(spark: Any, topo: Topology) -> Any:
 
 
 def build_dataframe(spark: Any, topo: Topology) -> Any:
-    """The topology's input as a DataFrame: ``key`` string (+ ``label`` int64).
+    """The topology's input as a DataFrame: ``key`` string, plus the columns
+    the app needs (``label`` int64 for naive-bayes; an aggregate's value
+    column, an operator's ``app.columns``, with their own types).
 
     Raises ``TopologyError`` (one line) for a missing key/label column or an
     empty input.
@@ -244,7 +252,7 @@ def build_dataframe(spark: Any, topo: Topology) -> Any:
     kind = topo.app.kind
     with_labels = kind == "naive-bayes"
     if topo.input.generated:
-        return _generated_dataframe(spark, topo, with_labels)
+        return _generated_dataframe(spark, topo, topo.app.columns_needed())
     if topo.input.format not in FILE_FORMATS:
         raise TopologyError(f"input.format: unknown format (got {topo.input.format!r})")
 
@@ -273,6 +281,10 @@ def build_dataframe(spark: Any, topo: Topology) -> Any:
         if label_col not in columns:
             raise no_column("input.label", label_col, topo.input.path, columns)
         cols.append(F.col(f"`{label_col}`").cast("long").alias("label"))
+    for field, col in topo.app_input_columns():
+        if col not in columns:
+            raise no_column(field, col, topo.input.path, columns)
+        cols.append(F.col(f"`{col}`"))
     df = raw.select(*cols)
     if with_labels:
         df = df.where(F.col("label").isNotNull())
@@ -361,31 +373,15 @@ def _collect_arrow(df: Any, schema: pa.Schema) -> pa.Table:
     return pa.Table.from_batches(batches).select(schema.names).cast(schema)
 
 
-def reference_result(df: Any, app_kind: str, top_k: int = 100) -> pa.Table:
-    """Spark's own answer, in ``runtime.apps.sort_result`` order.
+def reference_result(df: Any, app: Any, top_k: int = 100) -> pa.Table:
+    """Spark's own answer for ``app`` (the topology's ``app`` section as a
+    mapping, or a kind with ``top_k``), in the operators' schema and order
+    (``runtime.operators.spark_reference``): what a run's result.parquet must
+    equal. A user's operator has none."""
+    from runtime.operators import spark_reference
 
-    wordcount: ``groupBy(key).count()`` (key, count); naive-bayes:
-    ``groupBy(key, label).count()``; heavy-hitters: the ``top_k`` keys by
-    exact count (ties broken by key), with ``error`` 0.
-    """
-    from pyspark.sql import functions as F
-
-    from runtime.apps import HEAVY_HITTERS_SCHEMA, NAIVE_BAYES_SCHEMA, WORDCOUNT_SCHEMA
-
-    if app_kind not in KINDS:
-        raise ValueError(f"app.kind: unknown application {app_kind!r} (known: {', '.join(KINDS)})")
-    if app_kind == "naive-bayes":
-        t = _collect_arrow(df.groupBy("key", "label").count(), NAIVE_BAYES_SCHEMA)
-        return sort_result(t, app_kind)
-    counts = df.groupBy("key").count()
-    if app_kind == "wordcount":
-        return sort_result(_collect_arrow(counts, WORDCOUNT_SCHEMA), app_kind)
-    # heavy-hitters: the cut at top_k must break ties exactly like sort_result
-    # (count desc, key asc, null key last), so rank in Spark with that order
-    ranked = counts.orderBy(F.desc("count"), F.asc_nulls_last("key")).limit(top_k)
-    t = _collect_arrow(ranked, WORDCOUNT_SCHEMA)
-    t = t.append_column("error", pa.array([0] * t.num_rows, pa.int64()))
-    return sort_result(t.cast(HEAVY_HITTERS_SCHEMA), app_kind)
+    spec = {"kind": app, "top_k": top_k} if isinstance(app, str) else dict(app)
+    return spark_reference(df, spec)
 
 
 __all__ = [

@@ -50,7 +50,8 @@ import numpy as np
 
 from runtime.grouping.acg import FIRST_PLAN_S, RateMeter
 from runtime.latency import LatencyHistogram
-from runtime.reliability import ClaimLog, Flush, Tag, peak_rss_mb
+from runtime.metrics import DistinctKeys
+from runtime.reliability import ClaimLog, Flush, Part, Tag, peak_rss_mb, take
 from runtime.service import ServiceEmulator
 from runtime.signals import LoadSignaler
 
@@ -66,15 +67,20 @@ class SignalSettings:
 
 @dataclass
 class _Item:
+    """One call's sub-batches (``Part``s), queued until processed together."""
+
     source: int
-    keys: Any
-    labels: Any
-    emit_ts: float
+    parts: list[Part]
     n: int
-    tag: Tag | None = None
     done: threading.Event = field(default_factory=threading.Event)
     ack: dict[str, Any] | None = None
     error: BaseException | None = None
+
+    @property
+    def tag(self) -> Tag | None:
+        """The first part's tag: every part of a call comes from one source
+        incarnation (what fencing looks at)."""
+        return self.parts[0].tag if self.parts else None
 
 
 class _Slots:
@@ -112,7 +118,7 @@ class WorkerCore:
     def __init__(
         self,
         worker_id: int,
-        app_state: Any,
+        app: Any,
         *,
         service_us: float,
         capacity: float = 1.0,
@@ -130,7 +136,10 @@ class WorkerCore:
         stopped_clock: Clock | None = None,
     ) -> None:
         self.worker_id = int(worker_id)
-        self.app_state = app_state
+        #: the app's worker side: ``add(records, key_hashes)`` per sub-batch,
+        #: ``flush()`` -> the partial sent to the aggregator
+        self.app = app
+        self._keys = DistinctKeys()
         self.throttle = throttle
         self.clock = clock
         self.t0 = clock() if t0 is None else float(t0)
@@ -182,6 +191,11 @@ class WorkerCore:
     def _rel(self, t: float) -> float:
         return t - self.t0
 
+    @property
+    def distinct_keys(self) -> int:
+        """Distinct keys this worker has processed (replication's numerator)."""
+        return len(self._keys)
+
     def utilization_now(self) -> float:
         return self._q_batches / self.queue_capacity
 
@@ -215,20 +229,19 @@ class WorkerCore:
             self.slots = _Slots(self.slots.slot_s)
 
     # ------------------------------------------------------------------ input side
-    def submit(self, source: int, keys: Any, labels: Any, emit_ts: float,
-               tag: Tag | None = None) -> dict[str, Any]:
-        """Enqueue a sub-batch and block until it is processed; returns its ack."""
-        item = self.enqueue(source, keys, labels, emit_ts, tag)
+    def submit(self, source: int, parts: list[Part]) -> dict[str, Any]:
+        """Enqueue one call's sub-batches and block until they are processed;
+        returns the call's ack."""
+        item = self.enqueue(source, parts)
         item.done.wait()
         if item.error is not None:
             raise item.error
         assert item.ack is not None
         return item.ack
 
-    def enqueue(self, source: int, keys: Any, labels: Any, emit_ts: float,
-                tag: Tag | None = None) -> _Item:
-        n = len(keys)
-        item = _Item(int(source), keys, labels, float(emit_ts), n, tag)
+    def enqueue(self, source: int, parts: list[Part]) -> _Item:
+        item = _Item(int(source), list(parts), sum(len(p) for p in parts))
+        n = item.n
         if self.signal_settings is not None and item.source not in self._signalers:
             with self._lock:
                 if item.source not in self._signalers:
@@ -269,23 +282,19 @@ class WorkerCore:
         item.ack = {"worker": self.worker_id, "acked": 0, "signal": 0, "lat_sum_s": 0.0,
                     "lat_max_s": 0.0, "done_ts": self.clock(), "rejected": True,
                     "flush_seq": self.claims.open_seq, "committed_seq": self.claims.committed_seq}
-        item.keys = item.labels = None
+        item.parts = []
         item.done.set()
 
-    def _dedup(self, item: _Item) -> None:
-        """Drop messages of ``item`` this worker already processed (same source,
-        batch and index): a replay can never count them twice here."""
-        tag = item.tag
+    def _dedup(self, part: Part) -> Part:
+        """``part`` without the messages this worker already processed (same
+        source, batch and index): a replay can never count them twice here."""
+        tag = part.tag
         assert tag is not None
         keep = self.claims.filter_new(tag)
         if keep is None:
-            return
-        import pyarrow as pa
-
-        item.keys = item.keys.take(pa.array(keep))
-        if item.labels is not None:
-            item.labels = np.asarray(item.labels)[keep]
-        item.tag = Tag(tag.source, tag.epoch, tag.batch, tag.idx[keep], tag.watermark)
+            return part
+        return Part(Tag(tag.source, tag.epoch, tag.batch, tag.idx[keep], tag.watermark),
+                    take(part.records, keep), part.hashes[keep], part.emit_ts)
 
     def _process(self, item: _Item) -> None:
         flush_seq = self.claims.open_seq
@@ -303,15 +312,19 @@ class WorkerCore:
                     self.claims.rejected += 1
                     self._reject(item)
                     return
-                self._dedup(item)
-            self.app_state.process(item.keys, item.labels)
-            if item.tag is not None:
-                flush_seq = self.claims.processed(item.tag)
+            parts = [self._dedup(p) if p.tag is not None else p for p in item.parts]
+            for p in parts:
+                if len(p):
+                    self.app.add(p.records, p.hashes)
+                    self._keys.add(p.hashes)
+                if p.tag is not None:
+                    flush_seq = self.claims.processed(p.tag)
         t_end = self.clock()
         if item.n:
             # app compute after the emulated service delays the whole batch
             finish = finish + max(0.0, t_end - float(finish[-1]))
-        lat = np.maximum(finish - item.emit_ts, 0.0)
+        emit = np.repeat([p.emit_ts for p in item.parts], [len(p) for p in item.parts])
+        lat = np.maximum(finish - emit, 0.0)
         rel_end = self._rel(t_end)
         s = self.slots
         k = s.slot_of(rel_end)
@@ -346,7 +359,7 @@ class WorkerCore:
         if table is not None and self._table_sent.get(item.source, 0) < table.version:
             item.ack["table"] = table  # each source gets each new table once
             self._table_sent[item.source] = table.version
-        item.keys = item.labels = None
+        item.parts = []
         item.done.set()
 
     def maybe_flush(self, force: bool = False) -> bool:
@@ -355,7 +368,7 @@ class WorkerCore:
             return False
         with self._proc_lock:  # the sink is called in sequence order
             self._last_flush = now
-            flush = self.claims.close(self.worker_id, self.app_state.flush())
+            flush = self.claims.close(self.worker_id, self.app.flush())
             if self.report_every_s is not None:
                 with self._lock:
                     self._account(max(self._rel(self.clock()), self._last_t))
@@ -385,9 +398,13 @@ class WorkerCore:
             self._committed.notify_all()
 
     def wait_committed(self, seq: int, timeout: float | None = None) -> int:
-        """Block until flush ``seq`` is committed (or ``timeout``); the committed seq."""
+        """Block until flush ``seq`` is committed (or ``timeout``); the committed
+        seq. A worker that failed (``fail``) raises why instead."""
         with self._committed:
-            self._committed.wait_for(lambda: self.claims.committed_seq >= seq, timeout)
+            self._committed.wait_for(
+                lambda: self.claims.committed_seq >= seq or self._dead is not None, timeout)
+            if self._dead is not None:
+                raise self.death()
             return self.claims.committed_seq
 
     def fence_source(self, source: int, epoch: int) -> dict[str, Any]:
@@ -415,9 +432,23 @@ class WorkerCore:
             except queue.Empty:
                 return
             if item is not None:
-                item.error = RuntimeError(
-                    f"worker-{self.worker_id} processing thread died: {self._dead!r}")
+                item.error = self.death()
                 item.done.set()
+
+    def death(self) -> BaseException:
+        """Why this worker cannot take more work: the user operator's own
+        one-line error when that is the cause, else the processing thread's."""
+        from runtime.operators import find_operator_error
+
+        return find_operator_error(self._dead) or RuntimeError(
+            f"worker-{self.worker_id} processing thread died: {self._dead!r}")
+
+    def fail(self, error: BaseException) -> None:
+        """Stop taking work: every queued and later call fails with ``error``."""
+        self._dead = error
+        self._fail_queued()
+        with self._committed:  # a commit waiter learns nothing will commit
+            self._committed.notify_all()
 
     def stop(self) -> None:
         self._stop.set()
@@ -486,7 +517,7 @@ class WorkerCore:
             "id": self.worker_id,
             "processed": self.processed,
             "batches": self.batches,
-            "keys": int(self.app_state.distinct_keys()),
+            "keys": self.distinct_keys,
             "flushes": self.flushes,
             "committed_seq": self.claims.committed_seq,
             "rejected_batches": self.claims.rejected,
@@ -512,23 +543,25 @@ class WorkerActor:
     was declared dead and its work replayed elsewhere: the process exits.
     """
 
-    def __init__(self, worker_id: int, app_kind: str, app_params: dict[str, Any],
+    def __init__(self, worker_id: int, app: dict[str, Any], base_dir: str,
                  aggregator: Any, **kwargs: Any) -> None:
+        """``app``: the topology's ``app`` section (the operator is built here;
+        ``base_dir`` resolves a user's file)."""
         import ray
 
-        from runtime.apps import make_app
+        from runtime.operators import WorkerApp, operator_for_app
 
         self._ray = ray
         self._agg = aggregator
         self._commits: queue.Queue[tuple[int, Any] | None] = queue.Queue()
         self._inflight_commits = 0
         self._commit_lock = threading.Condition()
-        app = make_app(app_kind, **app_params)
         if kwargs.get("throttle", "duty-cycle") == "duty-cycle":
             from actors.throttle import StoppedClock
 
             kwargs["stopped_clock"] = StoppedClock()  # what the throttler says, exactly
-        self.core = WorkerCore(worker_id, app.new_worker_state(), sink=self._sink, **kwargs)
+        self.core = WorkerCore(worker_id, WorkerApp(operator_for_app(app, base_dir)),
+                               sink=self._sink, **kwargs)
         self._telemetry: Any = None  # live metrics (actors.telemetry), from start_run
         self._thread = threading.Thread(target=self._loop, name=f"worker-{worker_id}", daemon=True)
         self._thread.start()
@@ -539,8 +572,8 @@ class WorkerActor:
     def _loop(self) -> None:
         try:
             self.core.run_forever()
-        except BaseException as e:  # keep the actor answering; report in finish()
-            self._crash = e
+        except BaseException:  # keep the actor answering; report in finish()
+            self._crash = self.core.death()
 
     def _sink(self, flush: Flush) -> None:
         with self._commit_lock:
@@ -558,8 +591,13 @@ class WorkerActor:
                 verdict, committed, *rest = self._ray.get(ref)
                 table = rest[0] if rest else None
             except Exception as e:  # noqa: BLE001 - the aggregator is gone: nothing commits
-                self._commit_error = e
+                from runtime.operators import find_operator_error
+
                 verdict, committed = "error", 0
+                op_error = find_operator_error(e)
+                if op_error is not None:  # the operator failed merging our flush: the run
+                    self._crash = op_error  # cannot finish; every call says so from now on
+                    self.core.fail(op_error)
             if verdict == "fenced":
                 os._exit(1)  # declared dead; sources replayed our uncommitted work
             self.core.on_table(table)
@@ -578,12 +616,11 @@ class WorkerActor:
     def node_id(self) -> str:
         return self._ray.get_runtime_context().get_node_id()
 
-    def process(self, source: int, keys: Any, labels: Any, emit_ts: float,
-                tag: Tag | None = None) -> dict[str, Any]:
+    def process(self, source: int, parts: list[Part]) -> dict[str, Any]:
         crash = getattr(self, "_crash", None)
         if crash is not None:
-            raise RuntimeError(f"worker-{self.core.worker_id} processing thread died: {crash!r}")
-        ack = self.core.submit(source, keys, labels, emit_ts, tag)
+            raise crash
+        ack = self.core.submit(source, parts)
         if self._telemetry is not None:
             self._telemetry.batch_done(ack)
         return ack
@@ -596,6 +633,9 @@ class WorkerActor:
 
     def commit_now(self, timeout: float = 30.0) -> int:
         """Flush what is open and wait for the aggregator; the committed sequence."""
+        crash = getattr(self, "_crash", None)
+        if crash is not None:
+            raise crash
         return self.core.wait_committed(self.core.flush_now(), timeout)
 
     def peak_rss_mb(self) -> float | None:
@@ -622,7 +662,7 @@ class WorkerActor:
             self._telemetry.stop()  # one last update with everything processed
         crash = getattr(self, "_crash", None)
         if crash is not None:
-            raise RuntimeError(f"worker-{self.core.worker_id} processing thread died: {crash!r}")
+            raise crash
         stats = self.core.finish()
         self._wait_commits()
         stats["committed_seq"] = self.core.claims.committed_seq

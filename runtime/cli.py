@@ -55,8 +55,15 @@ def out_dir(text: str) -> Path:
 
 
 def load_or_exit(path: str, overrides: Sequence[str], *, check_input: bool = True) -> Topology:
+    """The topology, or exit 2 with one line; with ``check_input``, its input
+    exists and its app can run (the operator loads: ``check_app``)."""
     try:
-        return load_topology(path, list(overrides), check_input=check_input)
+        topo = load_topology(path, list(overrides), check_input=check_input)
+        if check_input:
+            from runtime.input_check import check_app
+
+            check_app(topo)
+        return topo
     except TopologyError as e:
         fail(str(e))
 
@@ -66,8 +73,16 @@ def fail(message: str) -> NoReturn:
     raise SystemExit(EXIT_BAD_INPUT)
 
 
+#: exit code when the user's operator failed during a run
+EXIT_OPERATOR = 1
+
+
 def run_main(main: Callable[[], int | None]) -> None:
-    """Run a CLI main: TopologyError -> exit 2 with one line; Ctrl-C -> 130."""
+    """Run a CLI main: TopologyError -> exit 2 with one line; an exception in
+    the user's operator mid-run -> exit 1 with one line naming it (the run
+    wrote nothing); Ctrl-C -> 130."""
+    from runtime.operators import find_operator_error
+
     try:
         code = main()
     except TopologyError as e:
@@ -76,6 +91,12 @@ def run_main(main: Callable[[], int | None]) -> None:
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         code = 130
+    except Exception as e:
+        op_error = find_operator_error(e)
+        if op_error is None:
+            raise
+        print(f"error: {op_error}", file=sys.stderr)
+        code = EXIT_OPERATOR
     raise SystemExit(code or 0)
 
 

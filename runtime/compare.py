@@ -29,7 +29,9 @@ from runtime.grouping import SCHEMES
 from runtime.report import default_out_dir
 from runtime.topology import Topology
 
-DEFAULT_SCHEMES = ("kg", "sg", "pkg", "cg", "fish")
+#: every comparison: the baselines, the papers' schemes, the newest peer, ours, and the
+#: reference that knows the capacities (wrr: an upper bound, not a real scheme)
+DEFAULT_SCHEMES = ("kg", "sg", "pkg", "cg", "fish", "dalton", "acg", "wrr")
 
 COLUMNS = (  # (column, header, format)
     ("scheme", "scheme", "{}"),
@@ -201,7 +203,7 @@ def run_all(topos: Sequence[Topology], engine: str, out: Path, *, address: str |
     if spark is not None:
         run_ray(spark)
         return rows, series
-    with engine_session(f"compare-{topos[0].name}", address) as session:
+    with engine_session(f"compare-{topos[0].name}", address, topo=topos[0]) as session:
         run_ray(session)
     return rows, series
 

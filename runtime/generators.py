@@ -9,6 +9,10 @@ stream, message for message, whatever the partitioning.
   remapped to other keys, so the hot keys change (FISH's time-evolving streams).
 - naive-bayes labels: a class per message, correlated with the key so that the
   per-(feature, class) counters are meaningful.
+- payload columns, for apps over records (``GENERATED_COLUMNS``): ``ts``
+  (int64, the message's index), ``value`` (int64 in [0, 1000)), ``amount``
+  (float64 in [0, 1000) with cents; null for ~5% of the messages - NaN in
+  the numpy arrays returned here, a null in Arrow and Spark).
 Keys are strings ``k<id>`` (the original key of the result table).
 """
 
@@ -19,6 +23,10 @@ import numpy as np
 from runtime.hashing import choice
 
 _TWO64 = float(2**64)
+#: the columns a generated stream offers besides ``key``
+GENERATED_COLUMNS = ("ts", "label", "value", "amount")
+#: share of generated ``amount`` values that are null
+NULL_AMOUNT = 0.05
 
 
 def zipf_cdf(n_keys: int, skew: float) -> np.ndarray:
@@ -69,22 +77,38 @@ def labels(ids: np.ndarray, idx_start: int, *, classes: int, seed: int = 0) -> n
     return np.where(noisy, rnd, own).astype(np.int64)
 
 
+def payload(name: str, start: int, count: int, seed: int = 0) -> np.ndarray:
+    """A generated payload column (``value`` or ``amount``) for messages
+    ``start..start+count-1``; ``amount``'s nulls are NaN."""
+    idx = np.arange(start, start + count, dtype=np.int64)
+    if name == "value":
+        return (_uniform(idx, seed, 8) * 1000).astype(np.int64)
+    if name == "amount":
+        amount = np.floor(_uniform(idx, seed, 9) * 100_000) / 100
+        return np.where(_uniform(idx, seed, 10) < NULL_AMOUNT, np.nan, amount)
+    raise ValueError(f"no generated column {name!r} (known: {', '.join(GENERATED_COLUMNS)})")
+
+
 def generate(
-    start: int, count: int, spec: dict, *, with_labels: bool = False
+    start: int, count: int, spec: dict, *, with_labels: bool = False,
+    columns: tuple[str, ...] = (),
 ) -> dict[str, np.ndarray]:
     """Columns of messages ``start..start+count-1`` for a generator spec.
 
     ``spec`` holds the topology's input fields (format, keys, skew, seed,
-    shift_every, classes). Returns ``{"key": object[str], "ts": int64}`` and
-    ``"label"`` when asked.
+    shift_every, classes). Returns ``{"key": object[str], "ts": int64}``,
+    ``"label"`` when asked (``with_labels``) and the payload ``columns``.
     """
     shift = spec.get("shift_every") if spec.get("format") == "evolving-zipf" else None
+    seed = int(spec.get("seed", 0))
     ids = key_ids(
         start, count, n_keys=int(spec["keys"]), skew=float(spec["skew"]),
-        seed=int(spec.get("seed", 0)), shift_every=shift,
+        seed=seed, shift_every=shift,
     )
     out = {"ts": np.arange(start, start + count, dtype=np.int64), "key": key_strings(ids)}
-    if with_labels:
-        out["label"] = labels(ids, start, classes=int(spec.get("classes", 2)),
-                              seed=int(spec.get("seed", 0)))
+    if with_labels or "label" in columns:
+        out["label"] = labels(ids, start, classes=int(spec.get("classes", 2)), seed=seed)
+    for name in columns:
+        if name not in out:
+            out[name] = payload(name, start, count, seed)
     return out

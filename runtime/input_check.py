@@ -113,6 +113,12 @@ def preflight(topo: Topology) -> None:
     are those of the first block.
     """
     if topo.input.generated:
+        from runtime.generators import GENERATED_COLUMNS
+
+        for field, col in topo.app_input_columns():
+            if col not in GENERATED_COLUMNS:
+                raise TopologyError(f"{field}: a generated stream has no column {col!r} "
+                                    f"(it offers: key, {', '.join(GENERATED_COLUMNS)})")
         return
     path = topo.input_path()
     if path is None:  # a remote URI: Spark will tell
@@ -127,6 +133,7 @@ def preflight(topo: Topology) -> None:
     need = [("input.key", topo.input.key)]
     if topo.app.kind == "naive-bayes":
         need.append(("input.label", topo.input.label))
+    need += topo.app_input_columns()
     if topo.input.format == "json":
         # Spark infers a JSON schema from the whole file and accepts what pyarrow
         # refuses (a field that is a number here and a string there): when
@@ -231,3 +238,59 @@ def spark_longs(values: pa.Array) -> pa.Array:
     if pa.types.is_integer(values.type):
         return values.cast(pa.int64())
     return pa.array([_to_long(v) for v in values.to_pylist()], type=pa.int64())
+
+
+# --------------------------------------------------------------------------- the app
+
+
+#: Arrow types of the generated streams' columns (``runtime.generators``)
+_GENERATED_TYPES = {"ts": pa.int64(), "label": pa.int64(), "value": pa.int64(),
+                    "amount": pa.float64()}
+
+
+def _value_type(topo: Topology) -> pa.DataType | None:
+    """The aggregate's value column type in the input, when known before Spark reads it."""
+    column = str(topo.app.value)
+    if topo.input.generated:
+        return _GENERATED_TYPES.get(column)
+    if topo.input_path() is None or topo.input.format == "json":
+        return None  # a remote URI, or a schema only Spark knows
+    try:
+        schema = open_dataset(topo).schema
+    except TopologyError:
+        return None  # preflight reports it
+    return schema.field(column).type if column in schema.names else None
+
+
+def check_app(topo: Topology) -> Any:
+    """The app's operator, ready to run, or one line (``TopologyError``) on why
+    it cannot: an operator that cannot be imported or built (``app.operator``,
+    ``app.params``), a non-mergeable operator under a scheme that splits keys
+    or with faults / workers joining and leaving (which move keys), an
+    aggregate over a value column that cannot be summed (``app.value``)."""
+    from runtime.grouping import SCHEMES
+    from runtime.operators import (
+        OperatorError,
+        check_value_type,
+        operator_for_app,
+        require_mergeable,
+    )
+
+    try:
+        op = operator_for_app(topo.app.model_dump(), topo.base_dir)
+        require_mergeable(op.spec, topo.grouping.scheme,
+                          SCHEMES[topo.grouping.scheme].splits_keys)
+    except (OperatorError, ValueError, TypeError) as e:
+        raise TopologyError(str(e).splitlines()[0] if str(e) else type(e).__name__) from None
+    if not op.spec.mergeable and (topo.faults or topo.workers.membership):
+        raise TopologyError(f"{op.spec.field}: {op.spec.name}: not mergeable, so every key must "
+                            "stay on one worker; faults and workers.changes add/remove move "
+                            "keys between workers")
+    if topo.app.kind == "aggregate":
+        vt = _value_type(topo)
+        if vt is not None:
+            try:
+                check_value_type(vt, topo.app.aggs or (), str(topo.app.value))
+            except ValueError as e:
+                raise TopologyError(str(e)) from None
+    return op

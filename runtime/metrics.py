@@ -12,6 +12,35 @@ from collections.abc import Sequence
 
 import numpy as np
 
+#: distinct key hashes are merged once this many are buffered
+_DISTINCT_BUFFER = 262_144
+
+
+class DistinctKeys:
+    """The distinct keys a worker has held, counted from the keys' 64-bit
+    hashes (the sources compute them once; a collision between two keys is
+    negligible below billions of keys): what replication is computed from."""
+
+    def __init__(self) -> None:
+        self._seen = np.zeros(0, dtype=np.uint64)
+        self._buffer: list[np.ndarray] = []
+        self._buffered = 0
+
+    def add(self, hashes: np.ndarray) -> None:
+        self._buffer.append(np.asarray(hashes, dtype=np.uint64))
+        self._buffered += len(hashes)
+        if self._buffered > _DISTINCT_BUFFER:
+            self._merge()
+
+    def _merge(self) -> None:
+        if self._buffer:
+            self._seen = np.unique(np.concatenate([self._seen, *self._buffer]))
+            self._buffer, self._buffered = [], 0
+
+    def __len__(self) -> int:
+        self._merge()
+        return len(self._seen)
+
 
 def latency_summary_ms(latencies_s: np.ndarray | Sequence[float]) -> dict[str, float]:
     lat = np.asarray(latencies_s, dtype=np.float64) * 1e3

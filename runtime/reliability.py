@@ -94,6 +94,34 @@ def union_idx(parts: Iterable[np.ndarray]) -> np.ndarray:
 # ============================================================================ source
 
 
+@dataclass
+class Part:
+    """One sub-batch on the wire (a worker call carries a list of them): its
+    identity, its records - ``key`` plus the columns the app needs - and the
+    64-bit hash of every key, computed once at the source (routing, replay and
+    the workers' distinct-key count use it; nothing hashes a key twice)."""
+
+    tag: Tag | None
+    records: Any  # pa.RecordBatch
+    hashes: np.ndarray  # uint64, one per record
+    emit_ts: float  # when its batch was due at the source (latency starts there)
+
+    def __len__(self) -> int:
+        return len(self.hashes)
+
+    @classmethod
+    def of(cls, keys: Any, emit_ts: float = 0.0, tag: Tag | None = None,
+           **columns: Any) -> Part:
+        """A part from plain arrays (tests, tools); the key hashes are computed here."""
+        import pyarrow as pa
+
+        from runtime.hashing import hash_arrow
+
+        keys = keys if isinstance(keys, pa.Array) else pa.array(keys, type=pa.string())
+        records = pa.record_batch({"key": keys, **{k: pa.array(v) for k, v in columns.items()}})
+        return cls(tag, records, hash_arrow(keys), float(emit_ts))
+
+
 @dataclass(eq=False)
 class Entry:
     """A retained sub-batch (identity by object)."""
@@ -101,8 +129,8 @@ class Entry:
     worker: int
     batch: int
     idx: np.ndarray
-    keys: Any  # pa.Array
-    labels: Any  # np.ndarray | None
+    records: Any  # pa.RecordBatch: 'key' + the app's columns
+    hashes: np.ndarray  # uint64 key hashes
     emit_ts: float
     flush_seq: int | None = None  # set by the ack: the worker flush that holds it
     replay: bool = False  # re-routed after a worker death (or rebuilt by a resume)
@@ -110,13 +138,24 @@ class Entry:
 
     def subset(self, sel: np.ndarray, worker: int | None = None) -> Entry:
         """The messages at positions ``sel`` as a new entry (for ``worker``)."""
-        import pyarrow as pa
-
         return Entry(self.worker if worker is None else int(worker), self.batch,
-                     self.idx[sel], self.keys.take(pa.array(sel)),
-                     None if self.labels is None else np.asarray(self.labels)[sel],
+                     self.idx[sel], take(self.records, sel), self.hashes[sel],
                      self.emit_ts, self.flush_seq, self.replay,
                      None if self.vws is None else self.vws[sel])
+
+    @property
+    def nbytes(self) -> int:
+        """What it holds in memory (records, hashes, indices, VWs)."""
+        return int(self.records.nbytes + self.hashes.nbytes + self.idx.nbytes
+                   + (0 if self.vws is None else self.vws.nbytes))
+
+
+def take(records: Any, sel: np.ndarray) -> Any:
+    """Rows ``sel`` of a record batch, as a new (compact) record batch: never a
+    zero-copy slice, which would pickle the parent's whole buffers."""
+    import pyarrow as pa
+
+    return records.take(pa.array(np.asarray(sel, dtype=np.int64)))
 
 
 class ReplayLog:
@@ -124,7 +163,11 @@ class ReplayLog:
 
     Memory: what was routed to a worker since its last committed flush plus
     what is queued or in flight (both bounded by backpressure and by
-    ``app.aggregate_every_s``).
+    ``app.aggregate_every_s``), in bytes (``nbytes``): per worker at most
+    ``(max_inflight + outbox) x batch`` messages in flight and queued, plus
+    what the worker processed in one ``aggregate_every_s`` and is not yet
+    committed, times the bytes of a message's records, its 8-byte key hash and
+    4-byte index.
     """
 
     def __init__(self) -> None:
@@ -132,6 +175,7 @@ class ReplayLog:
         self._per_batch: collections.Counter[int] = collections.Counter()
         self._batches: collections.deque[int] = collections.deque()  # ascending, lazily pruned
         self._messages = 0
+        self._bytes = 0
         self._seen_committed: dict[int, int] = {}
         self._dirty: dict[int, bool] = {}  # an entry was acked into an already committed flush
 
@@ -144,6 +188,7 @@ class ReplayLog:
             self._batches = collections.deque(sorted({*self._batches, entry.batch}))
         self._per_batch[entry.batch] += 1
         self._messages += len(entry.idx)
+        self._bytes += entry.nbytes
         return entry
 
     def _drop(self, entry: Entry) -> None:
@@ -152,6 +197,7 @@ class ReplayLog:
         if self._per_batch[entry.batch] == 0:
             del self._per_batch[entry.batch]
         self._messages -= len(entry.idx)
+        self._bytes -= entry.nbytes
 
     def acked(self, entry: Entry, flush_seq: int, committed_seq: int) -> None:
         """``entry`` was processed into ``flush_seq``; ``committed_seq`` is the
@@ -225,6 +271,11 @@ class ReplayLog:
     @property
     def messages(self) -> int:
         return self._messages
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes held by the retained sub-batches."""
+        return self._bytes
 
 
 # ============================================================================ worker

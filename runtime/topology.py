@@ -30,7 +30,9 @@ from runtime.placement import validate_amounts
 FILE_FORMATS = ("parquet", "csv", "json")
 GENERATED_FORMATS = ("zipf", "evolving-zipf")
 THROTTLES = ("duty-cycle", "cpulimit", "service")
-APPS = ("wordcount", "naive-bayes", "heavy-hitters")
+APPS = ("wordcount", "naive-bayes", "heavy-hitters", "aggregate", "operator")
+#: ``app.kind: aggregate``: the per-key aggregates one may ask for
+AGGS = ("count", "sum", "min", "max", "mean")
 #: a URI scheme (``s3a://``, ``hdfs://``, ``file://``): the path is not a local file name
 _URI = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
 
@@ -272,11 +274,63 @@ class GroupingSpec(BaseModel):
 
 
 class AppSpec(_Strict):
-    kind: Literal["wordcount", "naive-bayes", "heavy-hitters"] = "wordcount"
+    """``app``: what the workers compute (DESIGN.md, "Applications over records")."""
+
+    kind: Literal["wordcount", "naive-bayes", "heavy-hitters", "aggregate", "operator"] = \
+        "wordcount"
     aggregate_every_s: Annotated[float, Field(gt=0)] = 1.0
     #: heavy-hitters: SpaceSaving counters per worker and top-k reported
     counters: PosInt = 1000
     top_k: PosInt = 100
+    #: aggregate: the value column and the per-key aggregates (in this order)
+    value: str | None = None
+    aggs: list[str] | None = None
+    #: operator: the user's class (``module:Class`` or ``path/file.py:Class``),
+    #: the input columns it gets besides the key, and its constructor's arguments
+    operator: str | None = None
+    columns: list[str] = []
+    params: dict[str, Any] = {}
+
+    @model_validator(mode="after")
+    def _fields_of_kind(self) -> AppSpec:
+        own = {"aggregate": ("value", "aggs"), "operator": ("operator", "columns", "params")}
+        for kind, fields in own.items():
+            for f in fields:
+                if self.kind != kind and f in self.model_fields_set:
+                    raise ValueError(f"app.{f}: only for kind {kind} (got kind {self.kind!r})")
+        if self.kind == "aggregate":
+            if not self.value:
+                raise ValueError("app.value: required for kind aggregate (the value column)")
+            if not self.aggs:
+                raise ValueError(f"app.aggs: required for kind aggregate: a non-empty list "
+                                 f"of {', '.join(AGGS)} (got {self.aggs!r})")
+            for a in self.aggs:
+                if a not in AGGS:
+                    hint = _did_you_mean(a, AGGS)
+                    raise ValueError(f"app.aggs: unknown aggregate {a!r}"
+                                     f"{', ' + hint if hint else ''} (known: {', '.join(AGGS)})")
+            if len(set(self.aggs)) != len(self.aggs):
+                raise ValueError(f"app.aggs: an aggregate is listed twice (got {self.aggs})")
+        if self.kind == "operator":
+            if not self.operator or ":" not in self.operator:
+                raise ValueError("app.operator: required for kind operator: 'module:Class' or "
+                                 f"'path/file.py:Class' (got {self.operator!r})")
+            bad = [c for c in self.columns if not c or c == "key"]
+            if bad or len(set(self.columns)) != len(self.columns):
+                raise ValueError("app.columns: input columns besides the key, each once "
+                                 f"(got {self.columns})")
+        return self
+
+    def columns_needed(self) -> list[str]:
+        """The input columns the workers get besides ``key``, as the app names
+        them (naive-bayes' label column is always ``label``)."""
+        if self.kind == "naive-bayes":
+            return ["label"]
+        if self.kind == "aggregate":
+            return [str(self.value)]
+        if self.kind == "operator":
+            return list(self.columns)
+        return []
 
 
 class FaultSpec(_Strict):
@@ -341,6 +395,12 @@ class Topology(_Strict):
             validate_amounts(name, self.placement[name])
         return self
 
+    @property
+    def base_dir(self) -> str:
+        """The topology file's directory (relative input paths and operator
+        files are resolved from it)."""
+        return self._base_dir
+
     def input_path(self) -> Path | None:
         """The input file on this machine, resolved relative to the topology
         file's directory (``file://`` URIs included); ``None`` for generated
@@ -365,6 +425,15 @@ class Topology(_Strict):
 
     def grouping_params(self) -> dict[str, Any]:
         return self.grouping.params()
+
+    def app_input_columns(self) -> list[tuple[str, str]]:
+        """``(field, column)`` of every input column an aggregate or operator
+        app reads besides the key (naive-bayes' label is ``input.label``)."""
+        if self.app.kind == "aggregate":
+            return [("app.value", str(self.app.value))]
+        if self.app.kind == "operator":
+            return [("app.columns", c) for c in self.app.columns]
+        return []
 
 
 # --------------------------------------------------------------------------- loading

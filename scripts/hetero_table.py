@@ -29,7 +29,7 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("topology", nargs="?", default=str(ROOT / "topologies/wordcount-hetero.yaml"))
     p.add_argument("--engine", choices=("ray", "sim"), default="ray")
-    p.add_argument("--schemes", default="kg,sg,pkg,cg,fish")
+    p.add_argument("--schemes", default="kg,sg,pkg,cg,fish,dalton,acg,wrr")
     p.add_argument("--offered", type=float, default=0.8)
     p.add_argument("--out", type=Path, default=None)
     args = p.parse_args()

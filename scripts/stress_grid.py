@@ -49,7 +49,7 @@ from runtime.report import default_out_dir  # noqa: E402
 from runtime.topology import Topology, TopologyError, load_topology  # noqa: E402
 
 DEFAULTS: dict[str, Any] = {
-    "schemes": "kg,sg,pkg,cg,fish",
+    "schemes": "kg,sg,pkg,cg,fish,dalton,acg,wrr",
     "hetero": "homo,fast3x5,fast5x2,slow2@0.3",
     "skews": "0.6,1.0,1.4",
     "workers": 10,

@@ -74,7 +74,7 @@ SLOWED = 0.1
 #: the analysis stops once this share of the stream is processed (final drain)
 END_FRACTION = 0.98
 
-DEFAULTS: dict[str, Any] = {"schemes": "kg,sg,pkg,cg,fish", "workers": 10, "phase_s": 30.0,
+DEFAULTS: dict[str, Any] = {"schemes": "kg,sg,pkg,cg,fish,dalton,acg,wrr", "workers": 10, "phase_s": 30.0,
                             "service_us": 1000.0}
 QUICK: dict[str, Any] = {"workers": 4, "phase_s": 10.0, "service_us": 300.0}
 

@@ -12,8 +12,9 @@ import pytest
 from actors.aggregator import AggregatorCore
 from actors.source import SourceCore
 from actors.worker import SignalSettings, WorkerCore
-from runtime.apps import make_app
 from runtime.grouping import make_grouping
+from runtime.operators import WorkerApp, builtin_operator
+from runtime.reliability import Part
 
 
 class FakeTime:
@@ -39,8 +40,8 @@ class DirectTransport:
         self.next = 0
         self.max_inflight_seen = collections.Counter()
 
-    def send(self, worker, keys, labels, emit_ts, tag=None):
-        item = self.workers[worker].enqueue(self.source, keys, labels, emit_ts, tag)
+    def send(self, worker, parts):
+        item = self.workers[worker].enqueue(self.source, parts)
         tok = self.next
         self.next += 1
         self.items[tok] = (worker, item)
@@ -65,8 +66,8 @@ def words(n: int, n_keys: int = 50, seed: int = 0) -> list[str]:
 
 
 def make_workers(n: int, ft: FakeTime, sink: list, **kw) -> list[WorkerCore]:
-    app = make_app("wordcount")
-    return [WorkerCore(i, app.new_worker_state(), service_us=100.0, clock=ft.clock,
+    op = builtin_operator("wordcount")
+    return [WorkerCore(i, WorkerApp(op), service_us=100.0, clock=ft.clock,
                        sleep=ft.sleep, t0=ft.t, sink=sink.append, aggregate_every_s=0.05, **kw)
             for i in range(n)]
 
@@ -88,23 +89,23 @@ def test_source_to_workers_to_aggregator_is_exact(scheme: str) -> None:
     assert sum(w.processed for w in workers) == 20_000
     for w in workers:
         w.finish()
-    agg = AggregatorCore("wordcount", {})
+    agg = AggregatorCore({"kind": "wordcount"})
     for p in partials:
         agg.merge(p)
     got = dict(zip(*agg.result().to_pydict().values(), strict=True))
     assert got == dict(collections.Counter(data))
     assert sum(stats["sent_per_worker"]) == 20_000
     if scheme == "kg":  # one worker per key: keys held add up to the distinct keys
-        assert sum(w.app_state.distinct_keys() for w in workers) == len(set(data))
+        assert sum(w.distinct_keys for w in workers) == len(set(data))
 
 
 def test_service_time_and_latency_are_per_message() -> None:
     ft = FakeTime()
-    w = WorkerCore(0, make_app("wordcount").new_worker_state(), service_us=1000.0,
+    w = WorkerCore(0, WorkerApp(builtin_operator("wordcount")), service_us=1000.0,
                    clock=ft.clock, sleep=ft.sleep, t0=ft.t)
     emit = ft.t
-    w.enqueue(0, pa.array(["a"] * 100), None, emit)
-    w.enqueue(0, pa.array(["b"] * 100), None, emit)
+    w.enqueue(0, [Part.of(pa.array(["a"] * 100), emit)])
+    w.enqueue(0, [Part.of(pa.array(["b"] * 100), emit)])
     assert w.step(0) and w.step(0)
     # 200 messages of 1 ms from an idle worker: message i finishes (i + 1) ms after emission
     # (the histogram's bins are within 2.3%; the sum is exact)
@@ -117,29 +118,29 @@ def test_service_time_and_latency_are_per_message() -> None:
 
 def test_service_mode_capacity_scales_rate() -> None:
     ft = FakeTime()
-    w = WorkerCore(0, make_app("wordcount").new_worker_state(), service_us=100.0,
+    w = WorkerCore(0, WorkerApp(builtin_operator("wordcount")), service_us=100.0,
                    capacity=0.25, throttle="service", clock=ft.clock, sleep=ft.sleep, t0=ft.t)
     t = ft.t
     for _ in range(20):
-        w.enqueue(0, pa.array(["a"] * 500), None, ft.t)
+        w.enqueue(0, [Part.of(pa.array(["a"] * 500), ft.t)])
         w.step(0)
     assert 10_000 / (ft.t - t) == pytest.approx(0.25 * 1e4, rel=0.02)
     w.set_capacity(1.0)
     assert w.service.cost_s == pytest.approx(100e-6)
     # in duty-cycle mode capacity is NOT applied by the emulator (applied once, by SIGSTOP)
-    d = WorkerCore(1, make_app("wordcount").new_worker_state(), service_us=100.0,
+    d = WorkerCore(1, WorkerApp(builtin_operator("wordcount")), service_us=100.0,
                    capacity=0.25, throttle="duty-cycle", clock=ft.clock, sleep=ft.sleep)
     assert d.service.cost_s == pytest.approx(100e-6)
 
 
 def test_signals_one_per_slot_per_source_from_queue_utilization() -> None:
     ft = FakeTime(0.0)
-    w = WorkerCore(0, make_app("wordcount").new_worker_state(), service_us=0.0,
+    w = WorkerCore(0, WorkerApp(builtin_operator("wordcount")), service_us=0.0,
                    queue_batches=4, queue_capacity_batches=4, clock=ft.clock, sleep=ft.sleep,
                    t0=0.0, slot_s=1.0, signals=SignalSettings(slot_s=1.0, busy_above=0.85, idle_below=0.75))
     # slot 0: queue full (4 of 4) the whole slot, for both sources
     for s in (0, 1, 0, 1):
-        w.enqueue(s, pa.array(["x"] * 10), None, ft.t)
+        w.enqueue(s, [Part.of(pa.array(["x"] * 10), ft.t)])
     ft.t = 1.01
     acks = [w._queue.queue[0]]
     assert w.step(0)
@@ -151,7 +152,7 @@ def test_signals_one_per_slot_per_source_from_queue_utilization() -> None:
     w.step(0)
     # both acks above were in slot 1: each source got exactly one signal for slot 0
     ft.t = 2.5  # slot 1 was mostly empty -> idle
-    w.enqueue(0, pa.array(["y"] * 10), None, ft.t)
+    w.enqueue(0, [Part.of(pa.array(["y"] * 10), ft.t)])
     item = w._queue.queue[0]
     w.step(0)
     assert item.ack["signal"] == 1
@@ -164,10 +165,10 @@ def test_signals_one_per_slot_per_source_from_queue_utilization() -> None:
 
 def test_worker_time_series_slots() -> None:
     ft = FakeTime(0.0)
-    w = WorkerCore(0, make_app("wordcount").new_worker_state(), service_us=1000.0,
+    w = WorkerCore(0, WorkerApp(builtin_operator("wordcount")), service_us=1000.0,
                    slot_s=0.5, clock=ft.clock, sleep=ft.sleep, t0=0.0)
     for _ in range(10):
-        w.enqueue(0, pa.array(["k"] * 100), None, ft.t)
+        w.enqueue(0, [Part.of(pa.array(["k"] * 100), ft.t)])
         w.step(0)  # 0.1 s per batch
     series = w.finish()["series"]
     assert sum(series["processed"]) == 1000
@@ -176,13 +177,13 @@ def test_worker_time_series_slots() -> None:
 
 
 def test_bounded_queue_blocks_and_worker_thread_drains() -> None:
-    w = WorkerCore(0, make_app("wordcount").new_worker_state(), service_us=100.0,
+    w = WorkerCore(0, WorkerApp(builtin_operator("wordcount")), service_us=100.0,
                    queue_batches=2)
     th = threading.Thread(target=w.run_forever, daemon=True)
     th.start()
     acks = []
     callers = [threading.Thread(target=lambda i=i: acks.append(
-        w.submit(i % 3, pa.array([f"k{i}"] * 50), None, 0.0))) for i in range(12)]
+        w.submit(i % 3, [Part.of(pa.array([f"k{i}"] * 50), 0.0)]))) for i in range(12)]
     for c in callers:
         c.start()
     for c in callers:
@@ -230,9 +231,9 @@ class RecordingGrouping:
 
 def test_every_ack_reaches_the_grouping_with_signals() -> None:
     ft = FakeTime(0.0)
-    app = make_app("wordcount")
+    op = builtin_operator("wordcount")
     sig = SignalSettings(slot_s=0.1, busy_above=0.85, idle_below=0.75)
-    workers = [WorkerCore(i, app.new_worker_state(), service_us=200.0, clock=ft.clock,
+    workers = [WorkerCore(i, WorkerApp(op), service_us=200.0, clock=ft.clock,
                           sleep=ft.sleep, t0=0.0, signals=sig, queue_capacity_batches=2)
                for i in range(3)]
     g = RecordingGrouping(make_grouping("cg", 3, seed=0))
@@ -275,9 +276,9 @@ def test_outboxes_are_bounded_and_keep_fifo_per_worker() -> None:
     seen: dict[int, list[float]] = {0: [], 1: []}
     send = transport.send
 
-    def recording_send(worker, keys, labels, emit_ts, tag=None):
-        seen[worker].append(emit_ts)
-        return send(worker, keys, labels, emit_ts, tag)
+    def recording_send(worker, parts):
+        seen[worker] += [p.emit_ts for p in parts]
+        return send(worker, parts)
 
     transport.send = recording_send
     src = SourceCore(0, make_grouping("sg", 2, seed=0), transport, n_workers=2,
@@ -306,14 +307,14 @@ def test_a_dead_processing_thread_fails_waiting_batches_instead_of_hanging() -> 
     def broken_sink(_flush: object) -> None:
         raise AttributeError("no commit")
 
-    w = WorkerCore(0, make_app("wordcount").new_worker_state(), service_us=0.0,
+    w = WorkerCore(0, WorkerApp(builtin_operator("wordcount")), service_us=0.0,
                    queue_batches=4, aggregate_every_s=0.01, sink=broken_sink)
     w.start_run(w.clock())
     errors: list[BaseException] = []
 
     def call() -> None:
         try:
-            w.submit(0, pa.array(["x"] * 10), None, 0.0)
+            w.submit(0, [Part.of(pa.array(["x"] * 10), 0.0)])
         except BaseException as e:  # noqa: BLE001
             errors.append(e)
 

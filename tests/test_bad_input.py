@@ -159,8 +159,8 @@ TOPOLOGY_CASES = [
     ("bad-name", "name: runs/x\n",
      "name: must be a non-empty name without '/' or control characters (got 'runs/x')"),
     ("unknown-app", "app: {kind: wordcont}\n",
-     "app.kind: must be one of wordcount, naive-bayes, heavy-hitters (got 'wordcont'), "
-     "did you mean 'wordcount'?"),
+     "app.kind: must be one of wordcount, naive-bayes, heavy-hitters, aggregate, operator "
+     "(got 'wordcont'), did you mean 'wordcount'?"),
     ("unknown-throttle", "workers: {throttle: cpu}\n",
      "workers.throttle: must be one of duty-cycle, cpulimit, service (got 'cpu'), "
      "did you mean 'cpulimit'?"),

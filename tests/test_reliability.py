@@ -8,19 +8,20 @@ import collections
 
 import numpy as np
 import pyarrow as pa
-import pytest
 
 from actors.aggregator import AggregatorCore
 from actors.source import SourceCore
 from actors.worker import WorkerCore
-from runtime.apps import make_app
 from runtime.grouping import make_grouping
+from runtime.hashing import hash_arrow
+from runtime.operators import WorkerApp, builtin_operator
 from runtime.reliability import (
     ClaimLog,
     CommitLedger,
     Entry,
     FaultSchedule,
     Flush,
+    Part,
     ReplayLog,
     Tag,
     WorkerLost,
@@ -32,14 +33,20 @@ def _idx(*xs: int) -> np.ndarray:
     return np.array(xs, dtype=np.int32)
 
 
+def _entry(worker: int, batch: int, idx: np.ndarray, **kw) -> Entry:
+    keys = pa.array([f"k{batch}.{i}" for i in idx.tolist()])
+    return Entry(worker, batch, idx, pa.record_batch({"key": keys}), hash_arrow(keys), 0.0, **kw)
+
+
 # --------------------------------------------------------------------------- replay log
 
 
 def test_replay_log_keeps_until_committed_and_replays_exactly_the_uncovered() -> None:
     log = ReplayLog()
-    e = [log.add(Entry(w, b, _idx(0, 1), None, None, 0.0)) for b, w in
+    e = [log.add(_entry(w, b, _idx(0, 1))) for b, w in
          [(0, 0), (0, 1), (1, 0), (2, 0), (2, 1)]]
     assert log.watermark(3) == 0 and log.messages == 10
+    assert log.nbytes == sum(x.nbytes for x in e) > 10 * (8 + 4)  # records + hash + index
     log.acked(e[0], flush_seq=1, committed_seq=0)
     log.acked(e[2], flush_seq=2, committed_seq=0)
     log.acked(e[1], flush_seq=1, committed_seq=1)  # worker 1 committed flush 1
@@ -53,16 +60,16 @@ def test_replay_log_keeps_until_committed_and_replays_exactly_the_uncovered() ->
     log.committed(1, 5)
     assert len(log) == 1  # e[4] was never acked: no flush holds it yet
     log.acked(e[4], flush_seq=2, committed_seq=2)
-    assert len(log) == 0 and log.watermark(3) == 3 and log.messages == 0
+    assert len(log) == 0 and log.watermark(3) == 3 and log.messages == 0 and log.nbytes == 0
 
 
 def test_replay_log_watermark_holds_for_a_replayed_older_batch() -> None:
     log = ReplayLog()
-    a = log.add(Entry(0, 4, _idx(0), None, None, 0.0))
-    log.add(Entry(1, 7, _idx(0), None, None, 0.0))
+    a = log.add(_entry(0, 4, _idx(0)))
+    log.add(_entry(1, 7, _idx(0)))
     (lost,) = log.take(0, 0)
     assert lost is a and log.watermark(8) == 7
-    log.add(Entry(1, 4, _idx(0), None, None, 0.0, replay=True))  # re-routed
+    log.add(_entry(1, 4, _idx(0), replay=True))  # re-routed
     assert log.watermark(8) == 4
 
 
@@ -91,11 +98,12 @@ def test_claim_log_flushes_fences_dedups_and_prunes() -> None:
 
 
 def test_ledger_commits_in_order_ignores_duplicates_and_fences() -> None:
-    agg = AggregatorCore("wordcount", {})
-    t = make_app("wordcount").new_worker_state()
+    agg = AggregatorCore({"kind": "wordcount"})
+    t = WorkerApp(builtin_operator("wordcount"))
 
     def flush(worker: int, seq: int, keys: list[str]) -> Flush:
-        t.process(pa.array(keys))
+        part = Part.of(keys)
+        t.add(part.records, part.hashes)
         return Flush(worker, seq, t.flush(), {0: [(seq, _idx(*range(len(keys))))]}, {0: 0},
                      len(keys))
 
@@ -169,13 +177,13 @@ class Cluster:
         """``capacities``: service-time capacities (throttle: service);
         ``coordinator``: a coordinated scheme's controller, in the aggregator."""
         self.ft = ft
-        app = make_app("wordcount")
-        self.agg = AggregatorCore("wordcount", {}, coordinator=coordinator, clock=ft.clock)
+        op = builtin_operator("wordcount")
+        self.agg = AggregatorCore({"kind": "wordcount"}, coordinator=coordinator, clock=ft.clock)
         if coordinator is not None:
             coordinator.start(ft.t)
         self.dead: set[int] = set()
         caps = capacities or [1.0] * n
-        self.workers = [WorkerCore(i, app.new_worker_state(), service_us=service_us, clock=ft.clock,
+        self.workers = [WorkerCore(i, WorkerApp(op), service_us=service_us, clock=ft.clock,
                                    sleep=ft.sleep, t0=ft.t, sink=self._sink(i),
                                    aggregate_every_s=aggregate_every_s, queue_batches=64,
                                    capacity=caps[i], throttle="service",
@@ -227,12 +235,12 @@ class Transport:
         self.items: dict[int, tuple[int, object]] = {}
         self.next = 0
 
-    def send(self, worker, keys, labels, emit_ts, tag=None):
+    def send(self, worker, parts):
         tok = self.next
         self.next += 1
         item = None
         if worker not in self.c.dead:
-            item = self.c.workers[worker].enqueue(self.source, keys, labels, emit_ts, tag)
+            item = self.c.workers[worker].enqueue(self.source, parts)
         self.items[tok] = (worker, item)
         return tok
 

@@ -12,8 +12,9 @@ import pytest
 import ray
 
 from actors.spark_input import build_dataframe, reference_result, to_ray_shards
-from runtime.apps import make_app, sort_result
 from runtime.generators import generate
+from runtime.operators import AggregatorApp, WorkerApp, builtin_operator, sort_result
+from runtime.reliability import Part
 from runtime.topology import TopologyError, load_topology
 
 pytestmark = pytest.mark.e2e
@@ -102,7 +103,7 @@ def test_csv_and_json_round_trip_with_int_and_null_keys(ray_spark, tmp_path) -> 
     # naive-bayes labels from a file: cast to int64
     df = build_dataframe(ray_spark, _topo({"format": "csv", "path": str(csv)}, "naive-bayes"))
     assert _collect(df).column("label").to_pylist() == [0, 1, 1, 0, 0, 1, 1]
-    # null keys are one group in Spark's reference, as in runtime.apps
+    # null keys are one group in Spark's reference, as in runtime.operators
     ref = reference_result(build_dataframe(ray_spark, _topo({"format": "json", "path": str(js)})), "wordcount")
     assert ref.to_pylist()[-1] == {"key": None, "count": 2}
 
@@ -114,14 +115,15 @@ def test_reference_wordcount_equals_pyarrow_and_the_apps(ray_spark) -> None:
     vc = pc.value_counts(keys)
     want = sort_result(pa.table({"key": vc.field(0), "count": vc.field(1)}), "wordcount")
     assert ref.equals(want)
-    # and the apps, fed the same keys split over 3 workers, agree exactly
-    app = make_app("wordcount")
-    states = [app.new_worker_state() for _ in range(3)]
-    agg = app.new_aggregator()
+    # and the operator, fed the same keys split over 3 workers, agrees exactly
+    op = builtin_operator("wordcount")
+    states = [WorkerApp(op) for _ in range(3)]
+    agg = AggregatorApp(op)
     for i, lo in enumerate(range(0, len(keys), 997)):
-        states[i % 3].process(keys.slice(lo, 997))
-    for s in states:
-        agg.merge(s.flush())
+        part = Part.of(keys.slice(lo, 997))
+        states[i % 3].add(part.records, part.hashes)
+    for w, s in enumerate(states):
+        agg.merge(s.flush(), w)
     assert agg.result().equals(ref)
     # heavy-hitters reference = the head of the exact counts, error 0
     hh = reference_result(df, "heavy-hitters", top_k=5)

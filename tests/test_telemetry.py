@@ -12,8 +12,9 @@ import pytest
 from actors import telemetry
 from actors.telemetry import METRICS, RecordingSink, RunTelemetry, SourceTelemetry, WorkerTelemetry
 from actors.worker import WorkerCore
-from runtime.apps import make_app
 from runtime.grouping import make_grouping
+from runtime.operators import WorkerApp, builtin_operator
+from runtime.reliability import Part
 
 
 class FakeTime:
@@ -41,13 +42,13 @@ def test_metric_names_and_tags_are_valid() -> None:
 
 def test_worker_metrics_from_snapshots() -> None:
     ft = FakeTime()
-    core = WorkerCore(0, make_app("wordcount").new_worker_state(), service_us=100.0,
+    core = WorkerCore(0, WorkerApp(builtin_operator("wordcount")), service_us=100.0,
                       capacity=0.5, queue_batches=4, queue_capacity_batches=2,
                       clock=ft.clock, sleep=ft.sleep, t0=ft.t)
     sink = RecordingSink()
     tm = WorkerTelemetry(core, "demo-1", "worker-0", sink=sink, wall=lambda: 123.0)
     keys = [f"k{i % 7}" for i in range(1000)]
-    items = [core.enqueue(0, keys, None, ft.t) for _ in range(2)]
+    items = [core.enqueue(0, [Part.of(keys, ft.t)]) for _ in range(2)]
     tm.tick()  # baseline: 2 batches queued, nothing processed
     assert sink.last("hs_worker_queue_batches", actor="worker-0") == 2
     assert sink.last("hs_worker_queue_messages") == 2000

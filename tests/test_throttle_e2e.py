@@ -14,6 +14,8 @@ import time
 import pyarrow as pa
 import pytest
 
+from runtime.reliability import Part
+
 pytestmark = pytest.mark.e2e
 
 CAPS = [1.0, 0.7, 0.3, 0.1]
@@ -54,14 +56,14 @@ def test_duty_cycle_throttle_matches_capacities(ray_spark) -> None:
         t0 = time.time()
         for i, w in enumerate(workers):
             for _ in range(INFLIGHT):
-                inflight[w.process.remote(0, keys, None, time.time())] = i
+                inflight[w.process.remote(0, [Part.of(keys, time.time())])] = i
         marks: dict[str, list[int]] = {}
         while time.time() - t0 < WARMUP_S + WINDOW_S:
             ready, _ = ray.wait(list(inflight), num_returns=1, timeout=0.05)
             for r in ready:
                 i = inflight.pop(r)
                 ray.get(r)
-                inflight[workers[i].process.remote(0, keys, None, time.time())] = i
+                inflight[workers[i].process.remote(0, [Part.of(keys, time.time())])] = i
             el = time.time() - t0
             if "start" not in marks and el >= WARMUP_S:
                 marks["start"] = [p["processed"] for p in

@@ -53,6 +53,9 @@ class Grouping(ABC):
     #: True for reference schemes that are told the configured capacities
     #: (``on_capacity``); real schemes never read them
     knows_capacities: ClassVar[bool] = False
+    #: False for schemes that keep each key on one worker (KG, CH: a
+    #: non-mergeable operator may run under them)
+    splits_keys: ClassVar[bool] = True
     #: True if workers report to a run-wide coordinator (``coordinator``: service
     #: rates and per-VW arrivals) whose VW tables reach the sources on acks
     #: (``on_table``); such a scheme routes through ``route_virtual`` + ``owner_of``

@@ -212,6 +212,7 @@ class ConsistentHashing(Grouping):
     """
 
     name = "ch"
+    splits_keys = False  # one worker per key (until the membership changes)
 
     def __init__(
         self,

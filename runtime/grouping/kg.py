@@ -26,6 +26,7 @@ def _kg_route(key_hashes: np.ndarray, n_workers: int, out: np.ndarray) -> None: 
 @register
 class KeyGrouping(Grouping):
     name = "kg"
+    splits_keys = False
 
     def route(self, key_hashes: np.ndarray) -> np.ndarray:
         h = np.ascontiguousarray(key_hashes, dtype=np.uint64)

@@ -105,8 +105,7 @@ def simulate(
     t_engine = time.perf_counter() - t0 - t_input
     ts = timeseries(er)
     report = build_report(topo, er)
-    processed = er.msg_worker >= 0
-    result = result_table(topo, inp, processed)
+    result = result_table(topo, inp, er)
     wall = time.perf_counter() - t0
     report["input"] = inp.description
     report["sim"] = {

@@ -395,8 +395,15 @@ class Engine:
         """Every queued sub-batch whose worker has a free in-flight slot, oldest
         batch first (so each worker gets its sub-batches in routing order)."""
         p = self.p
+        inflight = self.inflight[s]
+        # workers with a free window and something queued: the only ones that can send
+        want = (inflight < p.max_inflight) & (st.unsent > 0)
+        if not want.any():
+            return
+        self._ensure_rows(p.batch)
         for b in st.pending:
-            self._ensure_rows(int(b.starts[-1]))
+            if not (want & ~b.sent).any():
+                continue
             n_sent = kernels.dispatch_batch(
                 b.sent, b.starts, b.order, b.lo, self.now, b.emit,
                 self.inflight[s], p.max_inflight, self.free_at, self.service_s,
@@ -415,6 +422,10 @@ class Engine:
                 if self.signaling:
                     self.wsig[w].arrivals.append(self.now)
                     self.wsig[w].finishes.append(fin)
+            if n_sent:
+                want &= (inflight < p.max_inflight) & (st.unsent > 0)
+                if not want.any():
+                    break
         while st.pending and st.pending[0].sent.all():
             st.pending.popleft()
 

@@ -47,7 +47,8 @@ class SimInput:
 
     ``key_ids[i]`` indexes ``keys`` (the original keys, as strings) and
     ``key_hashes`` (their 64-bit routing hashes). ``label_ids``/``labels``
-    hold naive-bayes classes (None for other apps).
+    hold naive-bayes classes (None for other apps); ``columns`` the other
+    columns the app needs, one value per message (aggregate, operator).
     """
 
     key_ids: np.ndarray
@@ -56,6 +57,18 @@ class SimInput:
     label_ids: np.ndarray | None = None
     labels: pa.Array | None = None
     description: str = ""
+    columns: dict[str, pa.Array] | None = None
+
+    def records(self, idx: np.ndarray) -> pa.RecordBatch:
+        """Messages ``idx`` as the workers get them: ``key`` + the app's columns."""
+        sel = pa.array(np.asarray(idx, dtype=np.int64))
+        cols = {"key": self.keys.take(pa.array(self.key_ids[idx].astype(np.int64)))}
+        if self.label_ids is not None and self.labels is not None:
+            lab = self.labels.take(pa.array(self.label_ids[idx].astype(np.int64)))
+            cols["label"] = lab.cast(pa.int64())
+        for name, col in (self.columns or {}).items():
+            cols[name] = col.take(sel)
+        return pa.record_batch(cols)
 
     @property
     def n(self) -> int:
@@ -100,9 +113,15 @@ def generated_input(topo: Topology, *, with_labels: bool) -> SimInput:
         ]) if n else np.zeros(0, dtype=np.int64)
         label_ids = lab.astype(np.int32)
         labels = pa.array(np.arange(spec.classes, dtype=np.int64))
+    columns = {}
+    for _, name in topo.app_input_columns():  # the payload, as Spark's executor makes it
+        if name == "ts":
+            columns[name] = pa.array(np.arange(n, dtype=np.int64))
+        else:
+            columns[name] = pa.array(generators.payload(name, 0, n, spec.seed), from_pandas=True)
     desc = (f"{spec.format}(messages={n}, keys={spec.keys}, skew={spec.skew}, "
             f"seed={spec.seed}{f', shift_every={shift}' if shift else ''})")
-    return SimInput(dense, keys, hash_keys(strings), label_ids, labels, desc)
+    return SimInput(dense, keys, hash_keys(strings), label_ids, labels, desc, columns or None)
 
 
 def _encode(col: pa.ChunkedArray | pa.Array) -> tuple[np.ndarray, pa.Array]:
@@ -139,10 +158,12 @@ def file_input(topo: Topology, *, with_labels: bool) -> SimInput:
     fmt = spec.format
     dataset = open_dataset(topo)  # a remote URI (s3://...) goes to pyarrow's file systems
     names = dataset.schema.names
-    cols = [spec.key] + ([spec.label] if with_labels else [])
-    for field, col in zip(("input.key", "input.label"), cols, strict=False):
+    need = [("input.key", spec.key)] + ([("input.label", spec.label)] if with_labels else [])
+    need += topo.app_input_columns()
+    for field, col in need:
         if col not in names:
             raise no_column(field, col, spec.path, names)
+    cols = list(dict.fromkeys(c for _, c in need))
     try:
         table = (dataset.head(spec.limit, columns=cols) if spec.limit and not with_labels
                  else dataset.to_table(columns=cols))
@@ -161,8 +182,10 @@ def file_input(topo: Topology, *, with_labels: bool) -> SimInput:
     if table.num_rows == 0:
         raise no_rows(spec.path, "rows with a label" if with_labels else "rows")
     ids, keys, hashes = _string_keys(table.column(spec.key))
+    columns = {c: table.column(c).combine_chunks() for _, c in topo.app_input_columns()}
     return SimInput(ids, keys, hashes, label_ids, labels,
-                    f"{fmt}:{spec.path} (key={spec.key!r}, rows={table.num_rows})")
+                    f"{fmt}:{spec.path} (key={spec.key!r}, rows={table.num_rows})",
+                    columns or None)
 
 
 def load_input(topo: Topology) -> SimInput:

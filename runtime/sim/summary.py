@@ -29,52 +29,33 @@ import pandas as pd
 import pyarrow as pa
 
 from runtime import metrics
-from runtime.apps import HEAVY_HITTERS_SCHEMA, NAIVE_BAYES_SCHEMA, WORDCOUNT_SCHEMA, sort_result
 from runtime.grouping.acg import coordinator_report
+from runtime.operators import AggregatorApp, WorkerApp, operator_for_app
 from runtime.sim.engine import EngineResult
 from runtime.sim.inputs import SimInput
 from runtime.sim.kernels import hist_percentiles
 from runtime.topology import Topology
 
+#: messages a simulated worker adds to its operator per call
+ADD_CHUNK = 65_536
 
-def result_table(topo: Topology, inp: SimInput, processed: np.ndarray) -> pa.Table:
-    """The application's exact final result over the processed messages.
 
-    wordcount: (key, count); naive-bayes: (key, label, count); heavy-hitters:
-    the exact top ``app.top_k`` (key, count, error = 0) - the real runtime's
-    per-worker SpaceSaving sketches are not simulated.
-    """
-    kind = topo.app.kind
-    ids = inp.key_ids[processed]
-    n_keys = len(inp.keys)
-    if kind == "naive-bayes":
-        assert inp.label_ids is not None and inp.labels is not None
-        n_lab = len(inp.labels)
-        cell = ids.astype(np.int64) * n_lab + inp.label_ids[processed]
-        counts = np.bincount(cell, minlength=n_keys * n_lab)
-        nz = np.flatnonzero(counts)
-        table = pa.table({
-            "key": inp.keys.take(pa.array(nz // n_lab)),
-            "label": inp.labels.take(pa.array(nz % n_lab)).cast(pa.int64()),
-            "count": pa.array(counts[nz], type=pa.int64()),
-        }, schema=NAIVE_BAYES_SCHEMA)
-        return sort_result(table, kind)
-    counts = np.bincount(ids, minlength=n_keys)
-    nz = np.flatnonzero(counts)
-    if kind == "heavy-hitters":
-        k = min(topo.app.top_k, len(nz))
-        top = nz[np.argsort(-counts[nz], kind="stable")[:k]]
-        table = pa.table({
-            "key": inp.keys.take(pa.array(top)),
-            "count": pa.array(counts[top], type=pa.int64()),
-            "error": pa.array(np.zeros(len(top), dtype=np.int64)),
-        }, schema=HEAVY_HITTERS_SCHEMA)
-        return sort_result(table, kind)
-    table = pa.table({
-        "key": inp.keys.take(pa.array(nz)),
-        "count": pa.array(counts[nz], type=pa.int64()),
-    }, schema=WORDCOUNT_SCHEMA)
-    return sort_result(table, kind)
+def result_table(topo: Topology, inp: SimInput, er: EngineResult) -> pa.Table:
+    """The application's result, computed by the very operators the real
+    runtime runs (``runtime.operators``): every worker adds the messages it
+    processed, in order, and flushes; the aggregator merges the partials of
+    all workers and finishes. Keys split across workers are merged exactly as
+    in a real run."""
+    op = operator_for_app(topo.app.model_dump(), topo.base_dir)
+    agg = AggregatorApp(op)
+    for w in range(er.params.n_workers):
+        idx = np.flatnonzero(er.msg_worker == w)
+        app = WorkerApp(op)
+        for lo in range(0, len(idx), ADD_CHUNK):
+            sel = idx[lo:lo + ADD_CHUNK]
+            app.add(inp.records(sel), inp.key_hashes[inp.key_ids[sel]])
+        agg.merge(app.flush(), w)
+    return agg.result()
 
 
 def utilization(er: EngineResult) -> np.ndarray:
