@@ -562,12 +562,23 @@ class WorkerActor:
             kwargs["stopped_clock"] = StoppedClock()  # what the throttler says, exactly
         self.core = WorkerCore(worker_id, WorkerApp(operator_for_app(app, base_dir)),
                                sink=self._sink, **kwargs)
+        self._warm_up()
         self._telemetry: Any = None  # live metrics (actors.telemetry), from start_run
         self._thread = threading.Thread(target=self._loop, name=f"worker-{worker_id}", daemon=True)
         self._thread.start()
         self._committer = threading.Thread(target=self._commit_loop, daemon=True,
                                            name=f"worker-{worker_id}-commits")
         self._committer.start()
+
+    def _warm_up(self) -> None:
+        """Pay the one-time costs of the flush path now, before the run's clock
+        starts: the first compact of an operator's state (lazy imports: 0.17 s
+        of CPU measured for the word count) and the first Ray serialization of
+        a flush (0.07 s). Paid mid-run, they stalled the first flush - 2 s of
+        wall time for a worker throttled to 0.1. A fresh state's flush is part
+        of the operator contract (an idle worker flushes too) and leaves it fresh."""
+        partial = self.core.app.flush()
+        self._ray.put(Flush(self.core.worker_id, 0, partial, {}, {}, 0))
 
     def _loop(self) -> None:
         try:

@@ -1,8 +1,8 @@
 """runtime.operators: the contract, loading, the built-ins and the Spark reference.
 
-Fast and pure except the ``e2e``-marked Spark reference tests at the end (one
-local JVM for the module). The conformance part runs every built-in operator
-(and the TopK example, loaded by file path like a user's) through the same
+Fast and pure except the ``e2e``-marked Spark reference tests at the end (on
+the test session's shared Spark session). The conformance part runs every
+built-in operator (and the TopK example, loaded by file path like a user's) through the same
 mergeability property: random batches, workers, flush points and merge tree
 give the single-worker answer.
 """
@@ -642,29 +642,12 @@ def test_tables_equal() -> None:
 # --------------------------------------------------------------------------- Spark reference (e2e)
 
 
-@pytest.fixture(scope="module")
-def spark():
-    """One local Spark session (a JVM) for this module's e2e tests."""
-    from pyspark.sql import SparkSession
-
-    try:
-        from actors.spark_input import JAVA17_OPTIONS
-    except Exception:  # the opens RayDP's JVM needs on Java 17, enough for local Spark
-        pkgs = ("java.lang", "java.lang.invoke", "java.lang.reflect", "java.io", "java.net",
-                "java.nio", "java.util", "java.util.concurrent", "java.util.concurrent.atomic",
-                "sun.nio.ch", "sun.nio.cs", "sun.security.action", "sun.util.calendar")
-        JAVA17_OPTIONS = " ".join(f"--add-opens=java.base/{p}=ALL-UNNAMED" for p in pkgs)
-    s = (SparkSession.builder.master("local[1]").appName("test_operators")
-         .config("spark.ui.enabled", "false")
-         .config("spark.ui.showConsoleProgress", "false")
-         .config("spark.sql.shuffle.partitions", "2")
-         .config("spark.driver.extraJavaOptions", JAVA17_OPTIONS)
-         .config("spark.pyspark.python", sys.executable)
-         .config("spark.pyspark.driver.python", sys.executable)
-         .getOrCreate())
-    s.sparkContext.setLogLevel("ERROR")
-    yield s
-    s.stop()
+@pytest.fixture
+def spark(ray_spark):
+    """The test session's one Spark session (conftest's ``ray_spark``): a
+    second local session here would be the same JVM, and stopping it would
+    stop everyone's."""
+    return ray_spark
 
 
 def _spark_df(spark, tmp_path: Path, t: pa.Table):
@@ -736,3 +719,13 @@ def test_spark_min_max_nan_and_types_verified(spark) -> None:
     out = df.groupBy("key").agg(F.min("i"), F.max("f"), F.sum("i"), F.sum("f"), F.avg("i")).schema
     assert [f.dataType for f in out.fields[1:]] == [IntegerType(), FloatType(), LongType(),
                                                     DoubleType(), DoubleType()]
+
+
+def test_readme_shows_the_example_operator_as_it_is() -> None:
+    """The README's operator listing is examples/operators/topk.py (without
+    its docstring): what a reader copies is what the tests run."""
+    readme = (ROOT / "README.md").read_text()
+    start = readme.index("```python\nimport heapq") + len("```python\n")
+    listed = readme[start:readme.index("```", start)]
+    source = (ROOT / "examples" / "operators" / "topk.py").read_text()
+    assert listed == source[source.index("import heapq"):]

@@ -40,7 +40,7 @@ def test_duty_cycle_throttle_matches_capacities(ray_spark) -> None:
     agg = _SinkActor.remote()
     workers = [
         Worker.options(num_cpus=0, max_concurrency=INFLIGHT + 8).remote(
-            i, "wordcount", {}, agg, service_us=SERVICE_US, capacity=c,
+            i, {"kind": "wordcount"}, ".", agg, service_us=SERVICE_US, capacity=c,
             throttle="duty-cycle", queue_batches=8, queue_capacity_batches=INFLIGHT,
             aggregate_every_s=5.0)
         for i, c in enumerate(CAPS)
