@@ -29,9 +29,11 @@ changes) or stream positions (hot keys).
 Recovery: per interval, capacity efficiency ``e = throughput / total
 capacity at that time`` (``sum_w capacity_w x 1e6 / service_us``, from the
 time series). The recovery time after a disturbance at ``t_d`` is
-``t - t_d`` for the first interval start ``t >= t_d`` whose efficiency,
-averaged over the ``--smooth-s`` seconds from ``t`` on, is ``>= --threshold``
-(0.9), searched within the phase (up to the next disturbance, or to 98% of
+``t - t_d`` for the first interval start ``t >= t_d`` from which the
+efficiency, averaged over the ``--smooth-s`` seconds from each interval on,
+stays ``>= --threshold`` (0.9) to the end of the phase (a scheme whose
+efficiency only falls some seconds after the disturbance, while queues absorb
+it, has not recovered at once), searched within the phase (up to the next disturbance, or to 98% of
 the stream processed, which cuts the final drain). ``never`` when no such
 ``t`` exists; ``level`` is then the mean efficiency over the phase's last
 ``--level-s`` seconds (what the scheme settles at), ``before`` the same over
@@ -276,10 +278,13 @@ def recovery(eff: pd.DataFrame, at_s: float, until_s: float, *, threshold: float
     level = mean_over((t0 >= max(at_s, until_s - level_s) - tol) & (t1 <= until_s + tol))
     rec: float | None = None
     smoothed = [float(e[i:i + k].mean()) for i in phase if i + k - 1 <= phase[-1]]
-    for i, s in zip(phase, smoothed, strict=False):
-        if s >= threshold:
-            rec = max(0.0, float(t0[i] - at_s))
-            break
+    # recovered from the first window after the last one below the threshold:
+    # a scheme whose efficiency falls only a few seconds after the disturbance
+    # (queues and outboxes still absorbing it) has not "recovered at once"
+    below = [j for j, s in enumerate(smoothed) if s < threshold]
+    first_good = below[-1] + 1 if below else 0
+    if first_good < len(smoothed):
+        rec = max(0.0, float(t0[phase[first_good]] - at_s))
     dip = min(smoothed) if smoothed else float("nan")
     return {"before": before, "recovery_s": rec, "level": level, "dip": dip}
 
