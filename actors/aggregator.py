@@ -121,6 +121,11 @@ class AggregatorCore:
     def committed_seq(self, worker: int) -> int:
         return self.ledger.committed_seq.get(int(worker), 0)
 
+    def committed_seqs(self) -> dict[int, int]:
+        """Every worker's latest committed flush (a blocked source's replay log
+        releases with it)."""
+        return {int(w): int(s) for w, s in self.ledger.committed_seq.items()}
+
     def pid(self) -> int:
         return os.getpid()
 

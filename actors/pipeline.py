@@ -268,6 +268,7 @@ def run_pipeline(
                                  **actor_options(topo.placement.get(f"source-{s}"))).remote(
                 s, shards[s], workers, topo.grouping.scheme, n, run.seed + s,
                 topo.grouping_params(), batch=run.batch, max_inflight=run.max_inflight,
+                call_messages=run.call_messages,
                 rate_per_source=run.rate / topo.sources, key="key", columns=columns,
                 vw_every_s=run.slot_s, aggregator=agg, epoch=epoch,
                 dead_workers=inactive if dead is None else dead,
@@ -456,13 +457,14 @@ def build_report(
         ],
         "capacity_changes": [{"at_s": a, "worker": w, "capacity": c}
                              for a, w, c in caps.changes],
-        "sources": [{k: s[k] for k in ("source", "routed", "acked", "batches",
+        "sources": [{k: s[k] for k in ("source", "routed", "acked", "batches", "calls",
                                         "sent_per_worker", "route_s", "wait_s", "grouping")}
                     for s in source_stats],
         "topology": {"sources": topo.sources, "workers": n,
                      "service_us": topo.workers.service_us,
                      "throttle": topo.workers.throttle, "batch": topo.run.batch,
                      "max_inflight": topo.run.max_inflight, "rate": topo.run.rate,
+                     "call_messages": topo.run.call_messages,
                      "slot_s": slot_s, "queue_batches": topo.workers.queue_batches,
                      "grouping": topo.grouping_params()},
         "aggregator": agg_stats,

@@ -5,9 +5,14 @@
 with its *own* grouping instance (seed ``run.seed + index``), splits the batch
 into per-worker sub-batches, queues each in its worker's outbox and sends
 through a ``Transport`` while the worker has fewer than ``run.max_inflight``
-unacknowledged sub-batches. A stopped or slow worker blocks its source only
-once its outbox holds more than ``outbox`` (default ``max_inflight``)
-sub-batches - bounded memory, never a growing pile - and until then the other
+unacknowledged calls. One call carries every sub-batch queued for that worker,
+up to ``run.call_messages`` messages (``Part.join``: one Arrow batch, one
+segmented ``Tag``), so a worker that fell behind by a few batches catches up
+in one actor call instead of one per micro-batch; each sub-batch of a call is
+acknowledged to the grouping as its own. A stopped or slow worker blocks its
+source only once it has more than ``max_inflight + outbox`` (``outbox``
+defaults to ``max_inflight``) batches' worth of messages unacknowledged, in
+flight or queued - bounded memory, never a growing pile - and until then the other
 workers keep being fed instead of idling behind it (head-of-line blocking:
 a worker stopped by the duty-cycle throttler for 70 ms would otherwise stall
 every worker of that source).
@@ -59,7 +64,6 @@ from runtime.reliability import (
     Part,
     ReplayLog,
     ResumePlan,
-    Tag,
     WorkerLost,
     peak_rss_mb,
     take,
@@ -69,6 +73,11 @@ Clock = Callable[[], float]
 
 #: longest a source blocks on acks before looking at failure notices again
 WAIT_SLICE_S = 0.25
+#: a source blocked by backpressure this long asks the aggregator what is
+#: committed (the acks that would tell it come only from the worker it waits on)
+COMMIT_POLL_S = 0.5
+#: default ``run.call_messages``: most messages per worker call
+CALL_MESSAGES = 8192
 
 
 class SourceFenced(RuntimeError):
@@ -101,9 +110,12 @@ class Control(Protocol):
         """A coordinated scheme's load report (``RoutedMeter.take``): what this
         source routed per VW; without waiting for the answer (``poll_table``)."""
 
-    def poll_table(self) -> Any:
+    def poll_table(self, timeout: float | None = 0.0) -> Any:
         """The controller's table answered to the latest ``report_routed``, once
-        it is there (else None)."""
+        it is there (else None after ``timeout`` seconds; None = wait for it)."""
+
+    def committed(self) -> dict[int, int]:
+        """Every worker's latest committed flush sequence (the aggregator's)."""
 
 
 def as_record_batch(table: pa.Table | pa.RecordBatch) -> pa.RecordBatch:
@@ -127,6 +139,7 @@ class SourceCore:
         n_workers: int,
         max_inflight: int = 2,
         outbox: int | None = None,
+        call_messages: int = CALL_MESSAGES,
         rate_per_source: float = 0.0,
         key: str = "key",
         vw_every_s: float = 0.5,
@@ -150,6 +163,10 @@ class SourceCore:
         #: worker sent small sub-batches (few VWs) does not block the source early
         self.outbox_batches = self.max_inflight if outbox is None else int(outbox)
         self._batch_rows = 1  # the largest batch routed so far
+        #: most messages in one call: a worker's queued sub-batches are coalesced
+        #: up to it (a call never holds more than the outbox did)
+        self.call_messages = int(call_messages)
+        self.calls = 0
         # per worker: routed sub-batches waiting for a free in-flight slot (FIFO)
         self._outbox: list[collections.deque] = [collections.deque()
                                                  for _ in range(self.n_workers)]
@@ -165,8 +182,9 @@ class SourceCore:
         self.sent_per_worker = np.zeros(self.n_workers, dtype=np.int64)
         self.acked_per_worker = np.zeros(self.n_workers, dtype=np.int64)
         self.lat_sum_s = 0.0
-        self._inflight: dict[Any, Entry] = {}  # token -> retained sub-batch
+        self._inflight: dict[Any, list[Entry]] = {}  # token -> the call's sub-batches
         self._inflight_per_worker = np.zeros(self.n_workers, dtype=np.int64)
+        self._inflight_n = np.zeros(self.n_workers, dtype=np.int64)  # their messages
         self.vw_every_s = float(vw_every_s)
         self.vw_history: list[tuple[float, list[int]]] = []
         self._next_vw = -np.inf
@@ -209,16 +227,19 @@ class SourceCore:
     # ------------------------------------------------------------------ acks
     def _handle(self, done: list[tuple[Any, Any]]) -> None:
         for token, ack in done:
-            entry = self._inflight.pop(token, None)
-            if entry is None:  # its worker was declared dead meanwhile
+            entries = self._inflight.pop(token, None)
+            if entries is None:  # its worker was declared dead meanwhile
                 continue
-            w = entry.worker
+            w = entries[0].worker
+            sent = sum(len(e.idx) for e in entries)
             self._inflight_per_worker[w] -= 1
+            self._inflight_n[w] -= sent
             if isinstance(ack, BaseException):
                 if not isinstance(ack, WorkerLost):
                     raise ack
-                self._inflight[token] = entry  # handled with the worker's other entries
+                self._inflight[token] = entries  # handled with the worker's other entries
                 self._inflight_per_worker[w] += 1
+                self._inflight_n[w] += sent
                 self._worker_lost(w, str(ack))
                 continue
             if ack.get("rejected"):
@@ -227,10 +248,11 @@ class SourceCore:
             self.acked += n
             self.acked_per_worker[w] += n
             self.lat_sum_s += float(ack.get("lat_sum_s", 0.0))
-            if "flush_seq" in ack:
-                self.log.acked(entry, int(ack["flush_seq"]), int(ack["committed_seq"]))
-            if entry.replay:
-                self._replay_acked(entry)
+            for entry in entries:
+                if "flush_seq" in ack:
+                    self.log.acked(entry, int(ack["flush_seq"]), int(ack["committed_seq"]))
+                if entry.replay:
+                    self._replay_acked(entry)
             self.grouping.on_ack(int(ack["worker"]), int(ack.get("signal", 0)), n)
             self._take_table(ack.get("table"))
         self._record_vw()
@@ -290,9 +312,10 @@ class SourceCore:
         self.live.discard(w)
         self._gone.add(w)
         self.grouping.remove_worker(w)
-        for token in [t for t, e in self._inflight.items() if e.worker == w]:
+        for token in [t for t, es in self._inflight.items() if es[0].worker == w]:
             del self._inflight[token]
         self._inflight_per_worker[w] = 0
+        self._inflight_n[w] = 0
         self._outbox[w].clear()
         self._outbox_n[w] = 0
         held_before = list(self.log.entries(w))
@@ -382,7 +405,9 @@ class SourceCore:
     def _report_load(self, vws: np.ndarray | None = None, final: bool = False) -> None:
         """Coordinated schemes: count what is routed per VW; every
         ``report_every_s`` - the first time after ``FIRST_PLAN_S`` - and at the
-        end, send it to the controller, whose answer is its latest table."""
+        end, send it to the controller, whose answer is its latest table. The
+        final report ends the controller's planning, and the source waits for
+        (and adopts) the answer: every source ends on the controller's last table."""
         if self._routed is None or self.control is None:
             return
         if vws is not None:
@@ -391,7 +416,9 @@ class SourceCore:
         due = FIRST_PLAN_S if self._load_reports == 0 else self.report_every_s
         if final or now - self._routed.since >= due:
             self._load_reports += 1
-            self.control.report_routed(self.index, self._routed.take(now))
+            self.control.report_routed(self.index, self._routed.take(now, final=final))
+        if final:
+            self._take_table(self.control.poll_table(timeout=None))
 
     def _queue(self, e: Entry) -> None:
         self._outbox[e.worker].append(e)
@@ -462,28 +489,54 @@ class SourceCore:
         self.routed += n
         self.batches += 1
         self._flush()
-        # backpressure: a worker whose outbox is over its bound blocks this source
-        # (memory per worker <= max_inflight + outbox sub-batches); the others
-        # keep being fed meanwhile instead of idling behind it
+        # backpressure: a worker with more than (max_inflight + outbox) batches'
+        # worth of messages unacknowledged (in flight or queued) blocks this
+        # source - the memory bound - while the others keep being fed instead of
+        # idling behind it
         self._batch_rows = max(self._batch_rows, n)
-        while (self._outbox_n > self.outbox_batches * self._batch_rows).any():
+        bound = (self.max_inflight + self.outbox_batches) * self._batch_rows
+        blocked = self.clock()
+        while (self._outbox_n + self._inflight_n > bound).any():
             self._wait_some()
             self._flush()
+            blocked = self._learn_commits(blocked)
         # opportunistic: take acks that are already there, without blocking
         self._wait_some(timeout=0)
         self._flush()
 
+    def _learn_commits(self, since: float) -> float:
+        """Blocked since ``since``: every ``COMMIT_POLL_S``, release what the
+        aggregator committed (the other workers get no calls, so no acks, while
+        this source waits: without it their processed messages would stay in the
+        replay log for as long as the stall lasts)."""
+        now = self.clock()
+        if self.control is None or now - since < COMMIT_POLL_S:
+            return since
+        for w, seq in self.control.committed().items():
+            if w in self.live:
+                self.log.committed(int(w), int(seq))
+        return now
+
     def _flush(self) -> None:
-        """Send queued sub-batches, oldest first, while the windows allow."""
+        """Send queued sub-batches, oldest first, while the windows allow: each
+        call takes what the worker's outbox holds, up to ``call_messages``
+        (always at least one sub-batch) - calls grow with the load."""
         watermark = self.log.watermark(self.next_batch)
+        cap = self.call_messages
         for w, q in enumerate(self._outbox):
             while q and self._inflight_per_worker[w] < self.max_inflight:
-                e = q.popleft()
-                self._outbox_n[w] -= len(e.idx)
-                tag = Tag(self.index, self.epoch, e.batch, e.idx, watermark)
-                token = self.transport.send(w, [Part(tag, e.records, e.hashes, e.emit_ts)])
-                self._inflight[token] = e
+                entries = [q.popleft()]
+                n = len(entries[0].idx)
+                while q and n + len(q[0].idx) <= cap:
+                    entries.append(q.popleft())
+                    n += len(entries[-1].idx)
+                self._outbox_n[w] -= n
+                part = Part.join(self.index, self.epoch, watermark, entries)
+                token = self.transport.send(w, [part])
+                self._inflight[token] = entries
                 self._inflight_per_worker[w] += 1
+                self._inflight_n[w] += n
+                self.calls += 1
 
     def run(self, batches: Iterable[pa.Table], plan: ResumePlan | None = None) -> dict[str, Any]:
         """Stream ``batches`` (the shard from its start); ``plan``: a restarted
@@ -572,6 +625,7 @@ class SourceCore:
             "routed": self.routed,
             "acked": self.acked,
             "batches": self.batches,
+            "calls": self.calls,
             "sent_per_worker": self.sent_per_worker.tolist(),
             "grouping": g,
             "migrations": int(g.get("migrations", 0)),
@@ -661,9 +715,15 @@ class RayControl:
     def report_routed(self, source: int, report: dict[str, Any]) -> None:
         self._table_ref = self.aggregator.report_routed.remote(source, report)
 
-    def poll_table(self) -> Any:
+    def committed(self) -> dict[int, int]:
+        try:
+            return dict(self._ray.get(self.aggregator.committed_seqs.remote()))
+        except self._ray.exceptions.RayError:  # the aggregator is gone: nothing learnt
+            return {}
+
+    def poll_table(self, timeout: float | None = 0.0) -> Any:
         ref = self._table_ref
-        if ref is None or not self._ray.wait([ref], timeout=0)[0]:
+        if ref is None or not self._ray.wait([ref], timeout=timeout)[0]:
             return None
         self._table_ref = None
         try:
@@ -696,6 +756,7 @@ class SourceActor:
     def __init__(self, index: int, shard: Any, workers: Sequence[Any], scheme: str,
                  n_workers: int, seed: int, grouping_params: dict[str, Any], *,
                  batch: int, max_inflight: int, rate_per_source: float, key: str,
+                 call_messages: int = CALL_MESSAGES,
                  columns: Sequence[str] = (), vw_every_s: float = 0.5, aggregator: Any = None,
                  epoch: int = 0, dead_workers: Sequence[int] = (),
                  capacities: Sequence[float] | None = None,
@@ -713,6 +774,7 @@ class SourceActor:
         self._prepared: Iterator[pa.Table] | None = None
         self.core = SourceCore(index, grouping, RayTransport(index, workers),
                                n_workers=n_workers, max_inflight=max_inflight,
+                               call_messages=call_messages,
                                rate_per_source=rate_per_source, key=key,
                                vw_every_s=vw_every_s, control=self.control, epoch=epoch,
                                dead_workers=dead_workers, capacities=capacities,

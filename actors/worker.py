@@ -51,7 +51,7 @@ import numpy as np
 from runtime.grouping.acg import FIRST_PLAN_S, RateMeter
 from runtime.latency import LatencyHistogram
 from runtime.metrics import DistinctKeys
-from runtime.reliability import ClaimLog, Flush, Part, Tag, peak_rss_mb, take
+from runtime.reliability import ClaimLog, Flush, Part, Tag, peak_rss_mb
 from runtime.service import ServiceEmulator
 from runtime.signals import LoadSignaler
 
@@ -288,13 +288,9 @@ class WorkerCore:
     def _dedup(self, part: Part) -> Part:
         """``part`` without the messages this worker already processed (same
         source, batch and index): a replay can never count them twice here."""
-        tag = part.tag
-        assert tag is not None
-        keep = self.claims.filter_new(tag)
-        if keep is None:
-            return part
-        return Part(Tag(tag.source, tag.epoch, tag.batch, tag.idx[keep], tag.watermark),
-                    take(part.records, keep), part.hashes[keep], part.emit_ts)
+        assert part.tag is not None
+        keep = self.claims.filter_new(part.tag)
+        return part if keep is None else part.select(keep)
 
     def _process(self, item: _Item) -> None:
         flush_seq = self.claims.open_seq
@@ -323,7 +319,8 @@ class WorkerCore:
         if item.n:
             # app compute after the emulated service delays the whole batch
             finish = finish + max(0.0, t_end - float(finish[-1]))
-        emit = np.repeat([p.emit_ts for p in item.parts], [len(p) for p in item.parts])
+        emit = (item.parts[0].emit_per_message() if len(item.parts) == 1
+                else np.concatenate([p.emit_per_message() for p in item.parts]))
         lat = np.maximum(finish - emit, 0.0)
         rel_end = self._rel(t_end)
         s = self.slots

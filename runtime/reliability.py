@@ -39,8 +39,9 @@ next), the aggregated result counts every input message exactly once.
 from __future__ import annotations
 
 import collections
+import heapq
 import itertools
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -51,13 +52,42 @@ IDX_DTYPE = np.int32
 
 @dataclass
 class Tag:
-    """The identity of a sub-batch (see the module docstring)."""
+    """The identity of a part's messages (see the module docstring): the
+    source incarnation (``epoch``), its watermark and, per *segment* (one
+    routed sub-batch; a call coalesces several), the batch number and how
+    many messages it has; ``idx`` holds every segment's message indices
+    (positions in their batch), one segment after the other. Three arrays
+    whatever the number of segments: a coalesced call pickles in tens of
+    microseconds, not one object per sub-batch."""
 
     source: int
     epoch: int
-    batch: int
-    idx: np.ndarray  # message indices in the batch, IDX_DTYPE
+    batches: np.ndarray  # int64[k]: each segment's batch number
+    counts: np.ndarray  # int64[k]: each segment's messages (sum = len(idx))
+    idx: np.ndarray  # IDX_DTYPE[n]: message indices in their batch
     watermark: int
+
+    @classmethod
+    def of(cls, source: int, epoch: int, batch: int, idx: np.ndarray, watermark: int) -> Tag:
+        """One segment: messages ``idx`` of batch ``batch``."""
+        idx = np.asarray(idx, dtype=IDX_DTYPE)
+        return cls(int(source), int(epoch), np.array([batch], dtype=np.int64),
+                   np.array([len(idx)], dtype=np.int64), idx, int(watermark))
+
+    def segments(self) -> Iterator[tuple[int, np.ndarray]]:
+        """``(batch, idx)`` per segment."""
+        lo = 0
+        for b, c in zip(self.batches.tolist(), self.counts.tolist(), strict=True):
+            yield b, self.idx[lo:lo + c]
+            lo += c
+
+    def select(self, keep: np.ndarray) -> Tag:
+        """The messages at positions ``keep`` (sorted) of ``idx``; empty segments dropped."""
+        seg = np.repeat(np.arange(len(self.counts)), self.counts)[keep]
+        counts = np.bincount(seg, minlength=len(self.counts))
+        live = counts > 0
+        return Tag(self.source, self.epoch, self.batches[live], counts[live].astype(np.int64),
+                   self.idx[keep], self.watermark)
 
 
 @dataclass
@@ -96,18 +126,56 @@ def union_idx(parts: Iterable[np.ndarray]) -> np.ndarray:
 
 @dataclass
 class Part:
-    """One sub-batch on the wire (a worker call carries a list of them): its
-    identity, its records - ``key`` plus the columns the app needs - and the
-    64-bit hash of every key, computed once at the source (routing, replay and
-    the workers' distinct-key count use it; nothing hashes a key twice)."""
+    """Messages on the wire (a worker call carries a list of them, in practice
+    one): their identity (``tag``), their records - ``key`` plus the columns
+    the app needs - and the 64-bit hash of every key, computed once at the
+    source (routing, replay and the workers' distinct-key count use it;
+    nothing hashes a key twice). A part coalesces the routed sub-batches of
+    one source incarnation that wait for the same worker (``join``);
+    ``emit_ts`` holds when each segment's batch was due at the source (its
+    messages' latency starts there)."""
 
     tag: Tag | None
     records: Any  # pa.RecordBatch
     hashes: np.ndarray  # uint64, one per record
-    emit_ts: float  # when its batch was due at the source (latency starts there)
+    emit_ts: np.ndarray  # float64, one per segment (one for an untagged part)
 
     def __len__(self) -> int:
         return len(self.hashes)
+
+    def emit_per_message(self) -> np.ndarray:
+        """Each message's emit time."""
+        if self.tag is None or len(self.emit_ts) == 1:
+            return np.full(len(self), float(self.emit_ts[0]))
+        return np.repeat(self.emit_ts, self.tag.counts)
+
+    def select(self, keep: np.ndarray) -> Part:
+        """The messages at positions ``keep`` (sorted): a tagged part's segments
+        that lose every message are dropped with their emit times."""
+        if self.tag is None:
+            return Part(None, take(self.records, keep), self.hashes[keep], self.emit_ts)
+        seg = np.repeat(np.arange(len(self.tag.counts)), self.tag.counts)[keep]
+        live = np.bincount(seg, minlength=len(self.tag.counts)) > 0
+        return Part(self.tag.select(keep), take(self.records, keep), self.hashes[keep],
+                    self.emit_ts[live])
+
+    @classmethod
+    def join(cls, source: int, epoch: int, watermark: int, entries: Sequence[Entry]) -> Part:
+        """One part for a worker's queued sub-batches (``Entry``), in order."""
+        import pyarrow as pa
+
+        tag = Tag(int(source), int(epoch),
+                  np.array([e.batch for e in entries], dtype=np.int64),
+                  np.array([len(e.idx) for e in entries], dtype=np.int64),
+                  np.concatenate([e.idx for e in entries]) if len(entries) > 1
+                  else entries[0].idx, int(watermark))
+        if len(entries) == 1:
+            records, hashes = entries[0].records, entries[0].hashes
+        else:
+            records = pa.concat_batches([e.records for e in entries])
+            hashes = np.concatenate([e.hashes for e in entries])
+        emit = np.array([e.emit_ts for e in entries], dtype=np.float64)
+        return cls(tag, records, hashes, emit)
 
     @classmethod
     def of(cls, keys: Any, emit_ts: float = 0.0, tag: Tag | None = None,
@@ -119,7 +187,7 @@ class Part:
 
         keys = keys if isinstance(keys, pa.Array) else pa.array(keys, type=pa.string())
         records = pa.record_batch({"key": keys, **{k: pa.array(v) for k, v in columns.items()}})
-        return cls(tag, records, hash_arrow(keys), float(emit_ts))
+        return cls(tag, records, hash_arrow(keys), np.array([emit_ts], dtype=np.float64))
 
 
 @dataclass(eq=False)
@@ -297,7 +365,11 @@ class ClaimLog:
     def __init__(self) -> None:
         self.open_seq = 1  # the flush that the next processed sub-batch goes into
         self.committed_seq = 0
-        self._claims: dict[int, list[_Claim]] = collections.defaultdict(list)
+        #: source -> batch -> what was processed of it here (kept until the
+        #: source's watermark passes the batch); a heap of batch numbers per
+        #: source finds what to prune without scanning every claim
+        self._claims: dict[int, dict[int, list[_Claim]]] = collections.defaultdict(dict)
+        self._batches: dict[int, list[int]] = collections.defaultdict(list)
         self._open: dict[int, list[tuple[int, np.ndarray]]] = collections.defaultdict(list)
         self._open_msgs = 0
         self.watermarks: dict[int, int] = {}
@@ -311,20 +383,37 @@ class ClaimLog:
 
     def filter_new(self, tag: Tag) -> np.ndarray | None:
         """Positions (into ``tag.idx``) not yet processed here, or None if all new."""
-        seen = [c.idx for c in self._claims.get(tag.source, ()) if c.batch == tag.batch]
-        if not seen:
+        by_batch = self._claims.get(tag.source)
+        if not by_batch:
             return None
-        dup = np.isin(tag.idx, union_idx(seen))
-        if not dup.any():
+        dups = []
+        lo = 0
+        for b, idx in tag.segments():
+            seen = by_batch.get(b)
+            if seen:
+                dup = np.isin(idx, union_idx(c.idx for c in seen))
+                if dup.any():
+                    dups.append(lo + np.flatnonzero(dup))
+            lo += len(idx)
+        if not dups:
             return None
-        self.duplicates += int(dup.sum())
-        return np.flatnonzero(~dup)
+        drop = np.concatenate(dups)
+        self.duplicates += len(drop)
+        keep = np.ones(len(tag.idx), dtype=bool)
+        keep[drop] = False
+        return np.flatnonzero(keep)
 
     def processed(self, tag: Tag) -> int:
         """Record ``tag`` as processed into the open flush; returns that flush's seq."""
         s = tag.source
-        self._claims[s].append(_Claim(tag.batch, tag.idx, self.open_seq))
-        self._open[s].append((tag.batch, tag.idx))
+        by_batch = self._claims[s]
+        for b, idx in tag.segments():
+            claims = by_batch.get(b)
+            if claims is None:
+                by_batch[b] = claims = []
+                heapq.heappush(self._batches[s], b)
+            claims.append(_Claim(b, idx, self.open_seq))
+            self._open[s].append((b, idx))
         self._open_msgs += len(tag.idx)
         self.see_watermark(s, tag.watermark)
         return self.open_seq
@@ -332,9 +421,9 @@ class ClaimLog:
     def see_watermark(self, source: int, watermark: int) -> None:
         if watermark > self.watermarks.get(source, -1):
             self.watermarks[source] = int(watermark)
-            claims = self._claims.get(source)
-            if claims and claims[0].batch < watermark:
-                self._claims[source] = [c for c in claims if c.batch >= watermark]
+            heap, by_batch = self._batches[source], self._claims[source]
+            while heap and heap[0] < watermark:
+                by_batch.pop(heapq.heappop(heap), None)
 
     def close(self, worker: int, partial: Any) -> Flush:
         """Close the open flush around the app's ``partial``."""
@@ -359,12 +448,14 @@ class ClaimLog:
         what this worker holds of it: claims ``[(batch, idx, flush_seq)]``, the
         latest watermark seen and the committed flush."""
         self.fenced_epoch[source] = max(self.fenced_epoch.get(source, 0), int(epoch))
-        return {"claims": [(c.batch, c.idx, c.flush_seq) for c in self._claims.get(source, ())],
+        by_batch = self._claims.get(source, {})
+        claims = [c for b in sorted(by_batch) for c in by_batch[b]]
+        return {"claims": [(c.batch, c.idx, c.flush_seq) for c in claims],
                 "watermark": self.watermarks.get(source, 0),
                 "committed_seq": self.committed_seq}
 
     def claimed_messages(self) -> int:
-        return sum(len(c.idx) for v in self._claims.values() for c in v)
+        return sum(len(c.idx) for v in self._claims.values() for cs in v.values() for c in cs)
 
 
 # ============================================================================ aggregator

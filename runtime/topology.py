@@ -350,8 +350,11 @@ class RunSpec(_Strict):
     batch: PosInt = 1000
     rate: NonNegFloat = 0.0
     seed: int = 0
-    #: unacknowledged batches a source keeps in flight per worker (backpressure)
+    #: unacknowledged calls a source keeps in flight per worker (backpressure)
     max_inflight: PosInt = 2
+    #: most messages in one call to a worker: a worker's routed sub-batches
+    #: that wait for a free in-flight slot are coalesced into one call up to it
+    call_messages: PosInt = 8192
     #: worker utilization time slot (s) for load signals and time series
     slot_s: Annotated[float, Field(gt=0)] = 0.5
 

@@ -15,8 +15,15 @@ Input loading is excluded from both: the clock starts when the sources start.
 The pair is repeated ``--repeats`` times alternating the order; the script
 prints each run and the median ratio ours / bare (goal >= 0.7).
 
+``--columns value,amount`` adds a third pipeline to every repeat: ours again,
+with the same word count run as an operator (``runtime.operators.counting:
+WordCount``) that is handed those generated payload columns too, so every
+record batch carries them through sources, replay log and workers. It prints
+the median ratio payload / keys-only (goal >= 0.85: at most 15% fewer msgs/s).
+
     python scripts/bench_overhead.py [--messages 2000000] [--sources 2] [--workers 4]
                                      [--batch 1000] [--scheme kg] [--repeats 3]
+                                     [--columns value,amount]
 """
 
 from __future__ import annotations
@@ -123,16 +130,27 @@ def main() -> int:
     p.add_argument("--batch", type=int, default=1000)
     p.add_argument("--scheme", default="kg")
     p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--columns", default="",
+                   help="comma-separated generated payload columns (ts, value, amount): "
+                        "also run ours carrying them")
     args = p.parse_args()
-    topo = load_topology({
-        "name": "overhead",
-        "input": {"format": "zipf", "messages": args.messages, "keys": args.keys, "skew": 1.0},
-        "sources": args.sources,
-        "workers": {"count": args.workers, "service_us": 0},
-        "grouping": {"scheme": args.scheme},
-        "app": {"kind": "wordcount", "aggregate_every_s": 1.0},
-        "run": {"batch": args.batch},
-    })
+    columns = [c for c in args.columns.split(",") if c]
+
+    def topology(app: dict) -> Any:
+        return load_topology({
+            "name": "overhead",
+            "input": {"format": "zipf", "messages": args.messages, "keys": args.keys,
+                      "skew": 1.0},
+            "sources": args.sources,
+            "workers": {"count": args.workers, "service_us": 0},
+            "grouping": {"scheme": args.scheme},
+            "app": {**app, "aggregate_every_s": 1.0},
+            "run": {"batch": args.batch},
+        })
+
+    topo = topology({"kind": "wordcount"})
+    topo_cols = topology({"kind": "operator", "operator": "runtime.operators.counting:WordCount",
+                          "columns": columns}) if columns else None
 
     from actors.pipeline import run_pipeline, shard_block_rows
     from actors.spark_input import build_dataframe, to_ray_shards
@@ -145,28 +163,49 @@ def main() -> int:
         shards = to_ray_shards(df, topo.sources, block_rows=shard_block_rows(topo))
         for s in shards:
             s.materialize()
+        df_cols = None
+        if topo_cols is not None:
+            df_cols = build_dataframe(spark, topo_cols).cache()
+            df_cols.count()
+
+        def ours(t: Any, frame: Any) -> float:
+            with tempfile.TemporaryDirectory() as d:
+                rep = run_pipeline(t, Path(d) / "run", spark, progress=False,
+                                   log=lambda m: None, df=frame)
+            assert rep["messages"]["processed"] == args.messages, rep["messages"]
+            return float(rep["throughput_msgs_per_s"])
+
         for r in range(args.repeats):
-            order = ("ours", "bare") if r % 2 == 0 else ("bare", "ours")
+            order = ["ours", "bare"] if r % 2 == 0 else ["bare", "ours"]
+            if topo_cols is not None:
+                order.insert(1, "payload")
             pair = {}
             for which in order:
                 if which == "bare":
                     b = run_bare(shards, topo.workers.count, topo.run.batch, topo.run.max_inflight)
                     assert b["total"] == args.messages, b
                     pair["bare"] = b["msgs_per_s"]
+                elif which == "payload":
+                    pair["payload"] = ours(topo_cols, df_cols)
                 else:
-                    with tempfile.TemporaryDirectory() as d:
-                        rep = run_pipeline(topo, Path(d) / "run", spark, progress=False,
-                                           log=lambda m: None, df=df)
-                    assert rep["messages"]["processed"] == args.messages, rep["messages"]
-                    pair["ours"] = rep["throughput_msgs_per_s"]
+                    pair["ours"] = ours(topo, df)
             pair["ratio"] = pair["ours"] / pair["bare"]
+            line = (f"repeat {r + 1}: ours {pair['ours']:,.0f} msgs/s, bare "
+                    f"{pair['bare']:,.0f} msgs/s, ratio {pair['ratio']:.2f}")
+            if "payload" in pair:
+                pair["payload_ratio"] = pair["payload"] / pair["ours"]
+                line += (f"; ours + {','.join(columns)} {pair['payload']:,.0f} msgs/s, "
+                         f"ratio to keys only {pair['payload_ratio']:.2f}")
             rows.append(pair)
-            print(f"repeat {r + 1}: ours {pair['ours']:,.0f} msgs/s, bare {pair['bare']:,.0f} "
-                  f"msgs/s, ratio {pair['ratio']:.2f}", flush=True)
+            print(line, flush=True)
     med = statistics.median(x["ratio"] for x in rows)
     print(f"\n{args.messages:,} messages, {args.sources} sources, {args.workers} workers, "
           f"batch {args.batch}, scheme {args.scheme}: median ours/bare = {med:.2f} "
           f"(goal >= 0.70)")
+    if topo_cols is not None:
+        med_p = statistics.median(x["payload_ratio"] for x in rows)
+        print(f"carrying {','.join(columns)}: median payload/keys-only = {med_p:.2f} "
+              f"(goal >= 0.85)")
     return 0
 
 

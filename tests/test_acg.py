@@ -191,6 +191,20 @@ def test_controller_makes_no_moves_on_a_homogeneous_cluster_despite_noisy_rates(
     assert (sc.counts() == R).all()
 
 
+def test_a_final_load_report_ends_planning_so_every_source_ends_on_the_last_table() -> None:
+    sc = Script([1000.0] * 3 + [200.0] * 7)
+    for _ in range(2):
+        sc.epoch()
+    last = sc.ctl.version
+    assert last >= 1
+    sc.ctl.routed_from(0, {"since": sc.t, "now": sc.t + 0.5, "vw_ids": np.arange(4),
+                           "vw_counts": np.ones(4), "final": True})
+    sc.rates[0], sc.rates[5] = 200.0, 1000.0  # a change after the end: no new plan
+    for _ in range(5):
+        sc.epoch()
+    assert sc.ctl.finished and sc.ctl.version == last
+
+
 def test_controller_follows_a_capacity_change_within_three_epochs() -> None:
     sc = Script([1000.0] * 3 + [200.0] * 7)
     for _ in range(8):

@@ -252,8 +252,10 @@ def test_latency_counts_from_the_scheduled_time_when_the_source_falls_behind() -
     """
     ft = FakeTime(0.0)
     workers = make_workers(1, ft, [])  # 100 us/message: 10,000 msgs/s
+    # calls of one batch: with fake time the worker only runs while the source waits
     src = SourceCore(0, make_grouping("kg", 1, seed=0), DirectTransport(workers), n_workers=1,
-                     rate_per_source=20_000.0, clock=ft.clock, sleep=ft.sleep, t0=0.0)
+                     rate_per_source=20_000.0, clock=ft.clock, sleep=ft.sleep, t0=0.0,
+                     call_messages=100)
     src.run([pa.table({"key": ["a"] * 100}) for _ in range(100)])  # 10,000 messages
     # the worker's pace (10,000 messages of 100 us), not the offered rate (0.5 s); with
     # fake time the worker starts when the source first waits, 20 ms in (4 batches routed)
@@ -265,9 +267,10 @@ def test_latency_counts_from_the_scheduled_time_when_the_source_falls_behind() -
 
 
 def test_outboxes_are_bounded_and_keep_fifo_per_worker() -> None:
-    """One worker 50x slower: the source queues at most ``outbox`` batches' worth
-    of messages per worker beyond the in-flight window, and each worker sees its
-    sub-batches in routing order (emit times never go backwards)."""
+    """One worker 50x slower: the source holds at most ``max_inflight + outbox``
+    batches' worth of unacknowledged messages per worker (in flight or queued),
+    and each worker sees its sub-batches in routing order (emit times never go
+    backwards)."""
     ft = FakeTime()
     partials: list = []
     workers = make_workers(2, ft, partials)
@@ -277,27 +280,73 @@ def test_outboxes_are_bounded_and_keep_fifo_per_worker() -> None:
     send = transport.send
 
     def recording_send(worker, parts):
-        seen[worker] += [p.emit_ts for p in parts]
+        seen[worker] += [t for p in parts for t in p.emit_ts]
         return send(worker, parts)
 
     transport.send = recording_send
     src = SourceCore(0, make_grouping("sg", 2, seed=0), transport, n_workers=2,
-                     max_inflight=2, outbox=3, clock=ft.clock, sleep=ft.sleep, t0=ft.t)
+                     max_inflight=2, outbox=3, call_messages=100, clock=ft.clock,
+                     sleep=ft.sleep, t0=ft.t)
     longest = 0
     flush = src._flush
 
     def watching_flush() -> None:
         nonlocal longest
-        longest = max(longest, int(src._outbox_n.max()))
+        longest = max(longest, int((src._outbox_n + src._inflight_n).max()))
         flush()
 
     src._flush = watching_flush
     stats = src.run([pa.table({"key": [f"k{i}" for i in range(100)]}) for _ in range(40)])
     assert stats["acked"] == 4_000
-    assert 3 * 100 < longest <= 3 * 100 + 50  # the bound, plus the half batch just routed
+    assert 5 * 100 < longest <= 5 * 100 + 50  # the bound, plus the half batch just routed
     assert max(transport.max_inflight_seen.values()) <= 2
     for w in (0, 1):
         assert seen[w] == sorted(seen[w]) and len(seen[w]) == 40
+
+
+def test_queued_sub_batches_are_coalesced_into_calls_up_to_the_cap() -> None:
+    """A worker that cannot keep up gets its queued sub-batches in few calls:
+    one part per call, several segments (batches) in routing order, never more
+    than ``call_messages`` messages unless one sub-batch alone is bigger; the
+    acks release every sub-batch of a call and the count is exact."""
+    ft = FakeTime()
+    partials: list = []
+    workers = make_workers(2, ft, partials)
+    transport = DirectTransport(workers)
+    calls: list[tuple[int, list[Part]]] = []
+    send = transport.send
+
+    def recording_send(worker, parts):
+        calls.append((worker, parts))
+        return send(worker, parts)
+
+    transport.send = recording_send
+    src = SourceCore(0, make_grouping("sg", 2, seed=0), transport, n_workers=2,
+                     max_inflight=1, outbox=10, call_messages=700, clock=ft.clock,
+                     sleep=ft.sleep, t0=ft.t)
+    keys = [f"k{i % 37}" for i in range(100)]
+    stats = src.run([pa.table({"key": keys}) for _ in range(60)])  # 50 per worker and batch
+    assert stats["acked"] == 6_000 and stats["calls"] == len(calls)
+    assert all(len(parts) == 1 for _, parts in calls)
+    sizes = [len(parts[0]) for _, parts in calls]
+    assert max(sizes) <= 700 and max(sizes) > 50  # coalesced, capped
+    for w in (0, 1):
+        tags = [parts[0].tag for x, parts in calls if x == w]
+        batches = np.concatenate([t.batches for t in tags])
+        assert batches.tolist() == list(range(60))  # every batch once, in routing order
+        for t, (_, parts) in zip(tags, [c for c in calls if c[0] == w], strict=True):
+            assert t.counts.sum() == len(t.idx) == len(parts[0].hashes)
+            assert len(parts[0].emit_ts) == len(t.batches)
+    assert len(src.log) == 0 or all(e.flush_seq is not None for w in (0, 1)
+                                    for e in src.log.entries(w))
+    total: collections.Counter = collections.Counter()
+    for w in workers:
+        w.maybe_flush(force=True)
+    for p in partials:
+        t = builtin_operator("wordcount").finish(p.partial)
+        total.update(dict(zip(t.column("key").to_pylist(), t.column("count").to_pylist(),
+                              strict=True)))
+    assert total == collections.Counter(keys * 60)
 
 
 def test_a_dead_processing_thread_fails_waiting_batches_instead_of_hanging() -> None:

@@ -77,7 +77,7 @@ def test_replay_log_watermark_holds_for_a_replayed_older_batch() -> None:
 
 
 def _tag(batch: int, idx: np.ndarray, epoch: int = 0, wm: int = 0, source: int = 0) -> Tag:
-    return Tag(source, epoch, batch, idx, wm)
+    return Tag.of(source, epoch, batch, idx, wm)
 
 
 def test_claim_log_flushes_fences_dedups_and_prunes() -> None:
@@ -216,7 +216,10 @@ class Cluster:
     def report_routed(self, source: int, report: dict) -> None:
         self._tables[source] = self.agg.report_routed(source, report)
 
-    def poll_table(self):
+    def committed(self) -> dict:
+        return dict(self.agg.ledger.committed_seq)
+
+    def poll_table(self, timeout=0.0):
         return self._tables.popitem()[1] if self._tables else None
 
     def finish(self) -> dict:
@@ -306,7 +309,8 @@ def test_acg_tables_reach_every_source_and_the_result_stays_exact() -> None:
                 c.kill(1)
             yield t
 
-    sources = [_source(c, i, "acg", ft, params) for i in range(2)]
+    # one sub-batch per call (no coalescing): outboxes still hold some when the table comes
+    sources = [_source(c, i, "acg", ft, params, call_messages=1) for i in range(2)]
     st0 = sources[0].run(_batches(data[0], 250))
     st1 = sources[1].run(killing(_batches(data[1], 250)))
     assert st0["acked"] == st1["acked"] == 60_000
@@ -322,3 +326,26 @@ def test_acg_tables_reach_every_source_and_the_result_stays_exact() -> None:
         assert [v for _, v in st["grouping"]["tables_adopted"]][0] == 1
     assert st0["rerouted_messages"] > 0  # queued for worker 3 when the table came
     assert sum(st0["sent_per_worker"]) == 60_000
+
+
+def test_a_source_blocked_by_backpressure_learns_commits_from_the_aggregator() -> None:
+    """While a source waits on one worker it gets no acks from the others, so
+    it asks the aggregator what is committed (every COMMIT_POLL_S) and its
+    replay log releases those workers' processed sub-batches."""
+    from actors.source import COMMIT_POLL_S
+
+    ft = FakeTime()
+    c = Cluster(2, ft, aggregate_every_s=1e6)  # flushes only when forced
+    src = SourceCore(0, make_grouping("sg", 2, seed=0), Transport(c, 0), n_workers=2,
+                     control=c, clock=ft.clock, sleep=ft.sleep, t0=ft.t)
+    for b in range(3):
+        src.send_batch(pa.table({"key": [f"k{i}" for i in range(100)]}), batch=b)
+    while src._inflight or src._outbox_n.any():  # every call acknowledged, none committed
+        src._flush()
+        src._wait_some()
+    assert len(list(src.log.entries(0))) == 3 and len(list(src.log.entries(1))) == 3
+    c.workers[0].maybe_flush(force=True)  # committed at the aggregator; no ack says so
+    assert src._learn_commits(ft.t) == ft.t  # not blocked long enough: nothing asked
+    assert len(list(src.log.entries(0))) == 3
+    assert src._learn_commits(ft.t - COMMIT_POLL_S) == ft.t
+    assert list(src.log.entries(0)) == [] and len(list(src.log.entries(1))) == 3

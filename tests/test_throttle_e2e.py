@@ -27,7 +27,10 @@ WINDOW_S = 6.0
 
 
 def _tolerance(cap: float) -> float:
-    return max(0.03, 0.08 * cap)
+    # 0.7 +- 0.14, 0.3 +- 0.06, 0.1 +- 0.04: wide enough for a loaded CI box (a
+    # busy machine took 0.7 to 0.64), still excluding throttling off (~1.0) and
+    # the naive composition (0.39-0.54 at 0.3)
+    return max(0.04, 0.2 * cap)
 
 
 def test_duty_cycle_throttle_matches_capacities(ray_spark) -> None:

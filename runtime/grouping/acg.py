@@ -313,10 +313,12 @@ class RoutedMeter:
     def routed(self, vws: np.ndarray) -> None:
         self.counts += np.bincount(vws, minlength=len(self.counts))
 
-    def take(self, now: float) -> dict[str, Any]:
-        """The report over ``[since, now)``; the next window starts at ``now``."""
+    def take(self, now: float, final: bool = False) -> dict[str, Any]:
+        """The report over ``[since, now)``; the next window starts at ``now``.
+        ``final``: the source's last one (its stream has ended)."""
         ids = np.flatnonzero(self.counts).astype(np.int32)
-        out = {"since": self.since, "now": now, "vw_ids": ids, "vw_counts": self.counts[ids]}
+        out = {"since": self.since, "now": now, "vw_ids": ids, "vw_counts": self.counts[ids],
+               "final": final}
         self.counts = np.zeros_like(self.counts)
         self.since = now
         return out
@@ -424,6 +426,7 @@ class AcgController:
         self._load_seen_s = 0.0
         self._routed_to: dict[int, float] = {}  # per source: its load reports reach here
         self.started = False  # reports and ticks before ``start`` are ignored
+        self.finished = False  # a source reached its end: no more plans
         self.t0 = 0.0
         self._last_tick = 0.0
         self.stats = AcgStats()
@@ -459,9 +462,18 @@ class AcgController:
         self.report(worker, report["processed"], report["busy_s"], now)
 
     def routed_from(self, source: int, report: dict[str, Any]) -> None:
-        """A source's ``RoutedMeter.take()`` report."""
+        """A source's ``RoutedMeter.take()`` report; its last one (``final``)
+        ends the planning (``finish``)."""
         self.report_routed(source, report["since"], report["now"], report["vw_ids"],
                            report["vw_counts"])
+        if report.get("final"):
+            self.finish()
+
+    def finish(self) -> None:
+        """The stream is ending: no more plans. Every source that reports its
+        end afterwards gets the current table, so all of them end on the same
+        (the controller's last) table."""
+        self.finished = True
 
     def start(self, t0: float) -> None:
         """The run starts at ``t0``: the estimates' clocks start there, and the
@@ -580,7 +592,7 @@ class AcgController:
         """Every ``epoch_s``: re-estimate and re-plan; a new table if one was
         made. Until the estimates can support a plan (the first one needs every
         live worker's rate and the routed loads), every call tries again."""
-        if not self.started or now < self._next_plan:
+        if not self.started or self.finished or now < self._next_plan:
             return None
         self._update_rates(now)
         self._update_loads(now)
