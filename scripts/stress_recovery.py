@@ -3,7 +3,7 @@
     python scripts/stress_recovery.py [--engine sim|ray|both] [--quick]
         [--scenarios capacity-change,hot-keys,slowdown] [--schemes kg,sg,pkg,cg,fish]
         [--workers 10] [--phase-s 30] [--service-us 1000] [--skew 1.0] [--keys 10000]
-        [--threshold 0.9] [--smooth-s 2] [--set key.path=value ...] [--out DIR]
+        [--threshold 0.9] [--smooth-s 2] [--hold-s 10] [--set key.path=value ...] [--out DIR]
         [--address ADDR] [--no-progress]
 
 Scenarios (``n`` workers, capacities as fractions of full speed, sources
@@ -31,9 +31,10 @@ capacity at that time`` (``sum_w capacity_w x 1e6 / service_us``, from the
 time series). The recovery time after a disturbance at ``t_d`` is
 ``t - t_d`` for the first interval start ``t >= t_d`` from which the
 efficiency, averaged over the ``--smooth-s`` seconds from each interval on,
-stays ``>= --threshold`` (0.9) to the end of the phase (a scheme whose
-efficiency only falls some seconds after the disturbance, while queues absorb
-it, has not recovered at once), searched within the phase (up to the next disturbance, or to 98% of
+stays ``>= --threshold`` (0.9) for ``--hold-s`` seconds (10; or to the end of
+the phase, if sooner: a scheme whose efficiency only falls some seconds after
+the disturbance, while queues absorb it, has not recovered at once), searched
+within the phase (up to the next disturbance, or to 98% of
 the stream processed, which cuts the final drain). ``never`` when no such
 ``t`` exists; ``level`` is then the mean efficiency over the phase's last
 ``--level-s`` seconds (what the scheme settles at), ``before`` the same over
@@ -121,6 +122,9 @@ def build_parser() -> sc.Parser:
                    help="efficiency averaged over this window from each interval on (default 2)")
     p.add_argument("--level-s", type=float, default=5.0,
                    help="window for the before / settled levels (default 5)")
+    p.add_argument("--hold-s", type=float, default=10.0,
+                   help="recovered = the efficiency holds >= the threshold this long "
+                        "(or to the phase's end; default 10)")
     sc.add_run_arguments(p)
     return p
 
@@ -143,7 +147,8 @@ def settings(args: Any) -> dict[str, Any]:
     if "capacity-change" in names and n < 3:
         sc.fail(f"--workers: capacity-change needs >= 3 workers (got {n})")
     for opt, v in (("--phase-s", merged["phase_s"]), ("--service-us", merged["service_us"]),
-                   ("--smooth-s", args.smooth_s), ("--level-s", args.level_s)):
+                   ("--smooth-s", args.smooth_s), ("--level-s", args.level_s),
+                   ("--hold-s", args.hold_s)):
         if not (math.isfinite(v) and v > 0):
             sc.fail(f"{opt}: must be > 0 (got {v:g})")
     if not 0 < args.threshold <= 1:
@@ -156,7 +161,7 @@ def settings(args: Any) -> dict[str, Any]:
         "skew": args.skew, "keys": sc.positive_int("--keys", args.keys),
         "sources": sc.positive_int("--sources", args.sources),
         "batch": sc.positive_int("--batch", args.batch), "seed": args.seed,
-        "threshold": args.threshold, "smooth_s": args.smooth_s, "level_s": args.level_s,
+        "threshold": args.threshold, "smooth_s": args.smooth_s, "level_s": args.level_s, "hold_s": args.hold_s,
         "overrides": list(args.overrides),
     }
 
@@ -254,7 +259,8 @@ def cumulative_times(eff: pd.DataFrame, counts: list[float]) -> list[float]:
 
 
 def recovery(eff: pd.DataFrame, at_s: float, until_s: float, *, threshold: float = 0.9,
-             smooth_s: float = 2.0, level_s: float = 5.0) -> dict[str, float | None]:
+             smooth_s: float = 2.0, level_s: float = 5.0,
+             hold_s: float = 10.0) -> dict[str, float | None]:
     """Recovery after a disturbance at ``at_s``, searched up to ``until_s``.
 
     ``eff``: ``efficiency_series``' frame (``t_start, t_end, efficiency``).
@@ -278,13 +284,16 @@ def recovery(eff: pd.DataFrame, at_s: float, until_s: float, *, threshold: float
     level = mean_over((t0 >= max(at_s, until_s - level_s) - tol) & (t1 <= until_s + tol))
     rec: float | None = None
     smoothed = [float(e[i:i + k].mean()) for i in phase if i + k - 1 <= phase[-1]]
-    # recovered from the first window after the last one below the threshold:
-    # a scheme whose efficiency falls only a few seconds after the disturbance
-    # (queues and outboxes still absorbing it) has not "recovered at once"
-    below = [j for j, s in enumerate(smoothed) if s < threshold]
-    first_good = below[-1] + 1 if below else 0
-    if first_good < len(smoothed):
-        rec = max(0.0, float(t0[phase[first_good]] - at_s))
+    # recovered at the first window from which the smoothed efficiency holds
+    # >= the threshold for hold_s (or to the phase's end, if sooner): a scheme
+    # whose efficiency falls only seconds after the disturbance (queues and
+    # outboxes still absorbing it) has not "recovered at once"
+    hold = max(1, int(round(hold_s / slot)))
+    ok = np.asarray(smoothed) >= threshold
+    for j in range(len(smoothed)):
+        if ok[j:j + hold].all():
+            rec = max(0.0, float(t0[phase[j]] - at_s))
+            break
     dip = min(smoothed) if smoothed else float("nan")
     return {"before": before, "recovery_s": rec, "level": level, "dip": dip}
 
@@ -308,7 +317,8 @@ def analyse(sc_: Scenario, ts: pd.DataFrame, service_us: float,
                                  "level": float("nan"), "dip": float("nan")}
         else:
             r = recovery(eff, at, until, threshold=cfg["threshold"],
-                         smooth_s=cfg["smooth_s"], level_s=cfg["level_s"])
+                         smooth_s=cfg["smooth_s"], level_s=cfg["level_s"],
+                         hold_s=cfg["hold_s"])
         rows.append({"disturbance": j + 1, "at_s": at, "phase_end_s": until, **r})
     return rows
 
