@@ -1,13 +1,14 @@
 """The heterogeneity table: every scheme saturated, then at 80% offered load.
 
     python scripts/hetero_table.py [topologies/wordcount-hetero.yaml] [--engine ray|sim]
-                                   [--schemes kg,sg,pkg,cg,fish] [--offered 0.8] [--out DIR]
+                                   [--schemes kg,sg,pkg,cg,fish,dalton,acg,wrr] [--offered 0.8]
+                                   [--out DIR]
 
 Two ``runtime.compare`` passes over the same topology: ``run.rate = 0`` (as
 fast as backpressure allows: throughput, capacity efficiency = throughput /
 sum of the capacities at full speed, replication) and ``run.rate = offered x``
 the total capacity (latency at a fixed offered load). Prints one markdown
-table with both, the CG-vs-KG ratios and the goals, and writes it to
+table with both, the CG-vs-KG and ACG-vs-peers ratios and the goals, and writes it to
 ``DIR/hetero.md`` (run directories of both passes under ``DIR``).
 """
 
@@ -67,10 +68,17 @@ def main() -> int:
         notes += [f"- cg / kg throughput: {thr:.2f}x (goal >= 2)",
                   f"- kg / cg p99 latency at {args.offered:g}x: {p99:.1f}x (goal >= 3.44)",
                   f"- cg / kg replication: {rep:.2f}x (goal <= 1.5)"]
-    for s in ("cg", "fish"):
-        if s in by_sat:
-            notes.append(f"- {s} capacity efficiency: {by_sat[s]['capacity_efficiency']:.3f} "
-                         "(goal >= 0.85)")
+    eff = {s: r["capacity_efficiency"] for s, r in by_sat.items()}
+    if "acg" in eff:
+        notes.append(f"- acg capacity efficiency: {eff['acg']:.3f} (goal >= 0.90)")
+        for peer in ("cg", "fish", "dalton"):
+            if peer in by_sat:
+                ratio = (by_sat["acg"]["throughput_msgs_per_s"]
+                         / by_sat[peer]["throughput_msgs_per_s"])
+                goal = "goal >= 1.3" if peer == "cg" else "goal > 1"
+                notes.append(f"- acg / {peer} throughput: {ratio:.2f}x ({goal})")
+    if "wrr" in eff:
+        notes.append(f"- wrr capacity efficiency: {eff['wrr']:.3f} (goal >= 0.95; the ceiling)")
     stamp = datetime.now(UTC).strftime("%Y-%m-%d")
     text = (f"{Path(args.topology).name} on {args.engine}, {stamp}; offered load "
             f"{args.offered:g}x = {rate:,.0f} msgs/s\n\n" + "\n".join(lines) + "\n\n"
