@@ -42,9 +42,10 @@ from actors import source as source_mod
 from actors import telemetry
 from actors import throttle as throttle_mod
 from actors import worker as worker_mod
-from actors.spark_input import SHARD_BLOCK_ROWS, build_dataframe, session_cpus, to_ray_shards
+from actors.spark_input import build_dataframe, session_cpus, to_ray_shards
 from runtime.grouping import SCHEMES
 from runtime.grouping.acg import coordinator_report
+from runtime.input_check import SHARD_BLOCK_ROWS
 from runtime.latency import LatencyHistogram
 from runtime.metrics import replication
 from runtime.placement import actor_options
@@ -78,12 +79,6 @@ class Capacities:
         for a, b in zip(edges[:-1], edges[1:], strict=True):
             total += sum(self.at(a)) * (b - a)
         return total / duration_s
-
-
-def signal_settings(topo: Topology) -> worker_mod.SignalSettings | None:
-    """Worker-side load signals, for the schemes that declare them (CG)."""
-    s = SCHEMES[topo.grouping.scheme].signal_settings(topo.grouping_params())
-    return None if s is None else worker_mod.SignalSettings(**s)
 
 
 def shard_block_rows(topo: Topology) -> int:
@@ -224,10 +219,10 @@ def run_pipeline(
     try:
         app = topo.app.model_dump()
         columns = topo.app.columns_needed()
-        sig = signal_settings(topo)
         qcap = min(wspec.queue_batches, topo.sources * run.max_inflight)
 
         scheme = SCHEMES[topo.grouping.scheme]
+        sig = scheme.worker_signals(topo.grouping_params())  # None: workers do not signal
         inactive = faults_mod.not_yet_added(topo)
         coordinator = (scheme.coordinator(n, topo.grouping_params(),
                                           alive=[w for w in range(n) if w not in inactive])

@@ -45,6 +45,7 @@ from typing import Any
 import pyarrow as pa
 import ray
 
+from runtime.input_check import SHARD_BLOCK_ROWS
 from runtime.topology import FILE_FORMATS, Topology, TopologyError
 
 log = logging.getLogger(__name__)
@@ -59,9 +60,6 @@ _OPENS_PKGS = (
 JAVA17_OPTIONS = " ".join(f"--add-opens=java.base/{p}=ALL-UNNAMED" for p in _OPENS_PKGS) + (
     " -Djdk.reflect.useDirectMethodHandle=false"
 )
-
-#: rows per Ray block when sharding (blocks are dealt round-robin to sources)
-SHARD_BLOCK_ROWS = 65_536
 
 _lock = threading.Lock()
 _session: Any = None

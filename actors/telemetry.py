@@ -1,10 +1,11 @@
 """Live application metrics, exported by the actors themselves (``ray.util.metrics``).
 
-Every metric is defined here, in ``METRICS``: named ``hs_*`` (Ray's Prometheus
-endpoint shows them as ``ray_hs_*``, counters with a ``_total`` suffix) and
-tagged with ``run`` (the run's Ray namespace, ``<topology name>-<UTC stamp>``)
-and ``actor`` (``worker-3``, ``source-0``, ``driver``), so that several runs
-never mix. Who updates what - never per message:
+Every metric is defined in ``runtime.live_metrics`` (``METRICS``, re-exported
+here): named ``hs_*`` (Ray's Prometheus endpoint shows them as ``ray_hs_*``,
+counters with a ``_total`` suffix) and tagged with ``run`` (the run's Ray
+namespace, ``<topology name>-<UTC stamp>``) and ``actor`` (``worker-3``,
+``source-0``, ``driver``), so that several runs never mix. Who updates what -
+never per message:
 
 - ``WorkerTelemetry`` (inside ``WorkerActor``): a daemon thread every
   ``TICK_S`` reads ``WorkerCore.telemetry_snapshot()`` (processed, queue,
@@ -35,12 +36,16 @@ import os
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
+from runtime import live_metrics
 from runtime.latency import LatencyHistogram
+from runtime.live_metrics import METRICS  # the catalogue, used here and re-exported
+
+if TYPE_CHECKING:
+    from runtime.grouping import Grouping
 
 log = logging.getLogger(__name__)
 
@@ -48,70 +53,6 @@ log = logging.getLogger(__name__)
 TICK_S = 1.0
 #: Ray's metrics push interval for clusters started by us (Ray's default: 10,000)
 REPORT_INTERVAL_MS = int(os.environ.get("HS_METRICS_REPORT_MS", "1000"))
-BASE_TAGS = ("run", "actor")
-LATENCY_BOUNDARIES_S = (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5,
-                        1.0, 2.0, 5.0, 10.0, 30.0, 60.0)
-
-
-@dataclass(frozen=True)
-class MetricSpec:
-    kind: str  # counter | gauge | histogram
-    description: str
-    extra_tags: tuple[str, ...] = ()
-    boundaries: tuple[float, ...] = ()
-
-    @property
-    def tag_keys(self) -> tuple[str, ...]:
-        return BASE_TAGS + self.extra_tags
-
-
-METRICS: dict[str, MetricSpec] = {
-    # workers (actor = worker-<i>)
-    "hs_worker_processed": MetricSpec("counter", "Messages processed by the worker."),
-    "hs_worker_rate": MetricSpec("gauge", "Messages/s processed over the last tick."),
-    "hs_worker_queue_messages": MetricSpec(
-        "gauge", "Messages in the worker's queue (queued + in service), now."),
-    "hs_worker_queue_batches": MetricSpec(
-        "gauge", "Sub-batches in the worker's queue (queued + in service), now."),
-    "hs_worker_utilization": MetricSpec(
-        "gauge", "Mean queue length / queue capacity (batches) over the last tick: "
-                 "the report's utilization U."),
-    "hs_worker_busy": MetricSpec("gauge", "Fraction of the last tick spent serving."),
-    "hs_worker_capacity": MetricSpec(
-        "gauge", "Configured capacity of the worker (fraction of full speed), now."),
-    "hs_worker_stopped": MetricSpec(
-        "gauge", "Fraction of the last tick the worker process was seen stopped by "
-                 "the throttle (SIGSTOP) while serving."),
-    "hs_worker_latency_p50_seconds": MetricSpec(
-        "gauge", "Median message latency over the last tick."),
-    "hs_worker_latency_p99_seconds": MetricSpec(
-        "gauge", "99th percentile message latency over the last tick."),
-    "hs_worker_batch_latency_seconds": MetricSpec(
-        "histogram", "Mean message latency of each processed sub-batch.",
-        boundaries=LATENCY_BOUNDARIES_S),
-    # sources (actor = source-<i>)
-    "hs_source_routed": MetricSpec("counter", "Messages routed by the source."),
-    "hs_source_acked": MetricSpec("counter", "Messages acknowledged to the source."),
-    "hs_source_signals": MetricSpec(
-        "counter", "Load signals received by the source's grouping, by kind "
-                   "(increase / decrease).", ("kind",)),
-    "hs_source_migrations": MetricSpec(
-        "counter", "Virtual workers (or keys) moved by the source's grouping."),
-    "hs_source_vw_owned": MetricSpec(
-        "gauge", "Virtual workers the source's grouping maps to each worker (CG).",
-        ("worker",)),
-    # the run (actor = driver)
-    "hs_run_info": MetricSpec(
-        "gauge", "1 for every run; its topology name, scheme and app as tags.",
-        ("name", "scheme", "app", "workers", "sources")),
-    "hs_run_messages": MetricSpec("gauge", "Input messages of the run."),
-    "hs_run_acked": MetricSpec("gauge", "Messages processed and acknowledged so far."),
-    "hs_run_imbalance": MetricSpec(
-        "gauge", "Current imbalance: max - mean of the workers' utilization."),
-    # every actor
-    "hs_heartbeat_seconds": MetricSpec(
-        "gauge", "Unix time of the actor's last telemetry update (staleness check)."),
-}
 
 
 def enabled() -> bool:
@@ -216,9 +157,17 @@ class _Emitter:
 
 
 class _Ticker:
-    """A daemon thread calling ``tick()`` every ``tick_s``; ``stop()`` ticks once more."""
+    """An actor's metrics updater: ``emit`` (base tags + the sink) and a daemon
+    thread calling ``tick()`` every ``tick_s``; ``stop()`` ticks once more."""
 
-    tick_s: float = TICK_S
+    def __init__(self, core: Any, run: str, actor: str, sink: Sink | None,
+                 wall: Callable[[], float], tick_s: float) -> None:
+        self.core = core
+        self.emit = _Emitter(sink, run, actor)
+        self.wall = wall
+        self.tick_s = tick_s
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
 
     def tick(self) -> None:
         raise NotImplementedError
@@ -230,7 +179,7 @@ class _Ticker:
             log.warning("telemetry tick failed: %r", e)
 
     def start(self) -> None:
-        if getattr(self, "_thread", None) is not None:
+        if self._thread is not None:
             return
         self._stop = threading.Event()
         self._safe_tick()
@@ -239,12 +188,11 @@ class _Ticker:
             while not self._stop.wait(self.tick_s):
                 self._safe_tick()
 
-        self._thread: threading.Thread | None = threading.Thread(
-            target=loop, name="telemetry", daemon=True)
+        self._thread = threading.Thread(target=loop, name="telemetry", daemon=True)
         self._thread.start()
 
     def stop(self) -> None:
-        t = getattr(self, "_thread", None)
+        t = self._thread
         if t is None:
             return
         self._stop.set()
@@ -271,10 +219,7 @@ class WorkerTelemetry(_Ticker):
 
     def __init__(self, core: Any, run: str, actor: str, sink: Sink | None = None,
                  wall: Callable[[], float] = time.time, tick_s: float = TICK_S) -> None:
-        self.core = core
-        self.emit = _Emitter(sink, run, actor)
-        self.wall = wall
-        self.tick_s = tick_s
+        super().__init__(core, run, actor, sink, wall, tick_s)
         self._prev: dict[str, Any] | None = None
 
     def tick(self) -> None:
@@ -283,28 +228,29 @@ class WorkerTelemetry(_Ticker):
         s = self.core.telemetry_snapshot()
         p, self._prev = self._prev, s
         e = self.emit
-        e("hs_worker_processed", s["processed"] - (p["processed"] if p else 0))
-        e("hs_worker_queue_messages", s["queue_msgs"])
-        e("hs_worker_queue_batches", s["queue_batches"])
-        e("hs_worker_capacity", s["capacity"])
+        e(live_metrics.WORKER_PROCESSED, s["processed"] - (p["processed"] if p else 0))
+        e(live_metrics.WORKER_QUEUE_MESSAGES, s["queue_msgs"])
+        e(live_metrics.WORKER_QUEUE_BATCHES, s["queue_batches"])
+        e(live_metrics.WORKER_CAPACITY, s["capacity"])
         dt = s["t"] - p["t"] if p else 0.0
         if p is not None and dt > 0:
-            e("hs_worker_rate", (s["processed"] - p["processed"]) / dt)
+            e(live_metrics.WORKER_RATE, (s["processed"] - p["processed"]) / dt)
             u = (s["queue_batches_s"] - p["queue_batches_s"]) / dt / s["queue_capacity"]
-            e("hs_worker_utilization", max(0.0, u))
-            e("hs_worker_busy", min(1.0, max(0.0, (s["busy_s"] - p["busy_s"]) / dt)))
-            e("hs_worker_stopped", min(1.0, max(0.0, (s["stopped_s"] - p["stopped_s"]) / dt)))
+            e(live_metrics.WORKER_UTILIZATION, max(0.0, u))
+            e(live_metrics.WORKER_BUSY, min(1.0, max(0.0, (s["busy_s"] - p["busy_s"]) / dt)))
+            stopped = (s["stopped_s"] - p["stopped_s"]) / dt
+            e(live_metrics.WORKER_STOPPED, min(1.0, max(0.0, stopped)))
             pct = _percentiles(s["latency_counts"] - p["latency_counts"], s["latency_max_s"])
             if pct is not None:
-                e("hs_worker_latency_p50_seconds", pct[0])
-                e("hs_worker_latency_p99_seconds", pct[1])
-        e("hs_heartbeat_seconds", self.wall())
+                e(live_metrics.WORKER_LATENCY_P50, pct[0])
+                e(live_metrics.WORKER_LATENCY_P99, pct[1])
+        e(live_metrics.HEARTBEAT, self.wall())
 
     def batch_done(self, ack: dict[str, Any]) -> None:
         """One observation per processed sub-batch: its messages' mean latency."""
         n = int(ack.get("acked", 0))
         if n > 0 and self.emit.on:
-            self.emit("hs_worker_batch_latency_seconds", float(ack["lat_sum_s"]) / n)
+            self.emit(live_metrics.WORKER_BATCH_LATENCY, float(ack["lat_sum_s"]) / n)
 
 
 class SourceTelemetry(_Ticker):
@@ -312,10 +258,7 @@ class SourceTelemetry(_Ticker):
 
     def __init__(self, core: Any, run: str, actor: str, sink: Sink | None = None,
                  wall: Callable[[], float] = time.time, tick_s: float = TICK_S) -> None:
-        self.core = core
-        self.emit = _Emitter(sink, run, actor)
-        self.wall = wall
-        self.tick_s = tick_s
+        super().__init__(core, run, actor, sink, wall, tick_s)
         self._prev: dict[str, int] = {}
 
     def _add(self, name: str, value: int, **extra: Any) -> None:
@@ -328,17 +271,18 @@ class SourceTelemetry(_Ticker):
     def tick(self) -> None:
         if not self.emit.on:
             return
-        c, g = self.core, self.core.grouping
-        self._add("hs_source_routed", c.routed)
-        self._add("hs_source_acked", c.acked)
-        self._add("hs_source_migrations", getattr(g, "migrations", 0))
-        for kind, v in dict(getattr(g, "signals", {})).items():
-            self._add("hs_source_signals", v, kind=kind)
+        c = self.core
+        g: Grouping = c.grouping
+        self._add(live_metrics.SOURCE_ROUTED, c.routed)
+        self._add(live_metrics.SOURCE_ACKED, c.acked)
+        self._add(live_metrics.SOURCE_MIGRATIONS, g.migrations)
+        for kind, v in dict(g.signals).items():
+            self._add(live_metrics.SOURCE_SIGNALS, v, kind=kind)
         per = g.vw_per_worker()
         if per is not None:
             for w, v in enumerate(np.asarray(per).tolist()):
-                self.emit("hs_source_vw_owned", v, worker=w)
-        self.emit("hs_heartbeat_seconds", self.wall())
+                self.emit(live_metrics.SOURCE_VW_OWNED, v, worker=w)
+        self.emit(live_metrics.HEARTBEAT, self.wall())
 
 
 class RunTelemetry:
@@ -358,12 +302,12 @@ class RunTelemetry:
         self.update(0, None)
 
     def update(self, acked: int, imbalance: float | None) -> None:
-        self.emit("hs_run_info", 1, **self.info)
-        self.emit("hs_run_messages", self.messages)
-        self.emit("hs_run_acked", acked)
+        self.emit(live_metrics.RUN_INFO, 1, **self.info)
+        self.emit(live_metrics.RUN_MESSAGES, self.messages)
+        self.emit(live_metrics.RUN_ACKED, acked)
         if imbalance is not None:
-            self.emit("hs_run_imbalance", imbalance)
-        self.emit("hs_heartbeat_seconds", self.wall())
+            self.emit(live_metrics.RUN_IMBALANCE, imbalance)
+        self.emit(live_metrics.HEARTBEAT, self.wall())
 
 
 def actor_identity() -> tuple[str, str]:

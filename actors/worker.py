@@ -53,16 +53,13 @@ from runtime.latency import LatencyHistogram
 from runtime.metrics import DistinctKeys
 from runtime.reliability import ClaimLog, Flush, Part, Tag, peak_rss_mb
 from runtime.service import ServiceEmulator
-from runtime.signals import LoadSignaler
+from runtime.signals import LoadSignaler, WorkerSignals
 
 Clock = Callable[[], float]
 
 
-@dataclass
-class SignalSettings:
-    slot_s: float = 0.5
-    busy_above: float = 0.85
-    idle_below: float = 0.75
+#: the worker-side signal settings (``Grouping.worker_signals``), by their older name
+SignalSettings = WorkerSignals
 
 
 @dataclass
@@ -126,7 +123,7 @@ class WorkerCore:
         queue_batches: int = 8,
         queue_capacity_batches: int | None = None,
         slot_s: float = 0.5,
-        signals: SignalSettings | None = None,
+        signals: WorkerSignals | None = None,
         aggregate_every_s: float = 1.0,
         sink: Callable[[Flush], None] | None = None,
         t0: float | None = None,
@@ -245,8 +242,7 @@ class WorkerCore:
         if self.signal_settings is not None and item.source not in self._signalers:
             with self._lock:
                 if item.source not in self._signalers:
-                    st = self.signal_settings
-                    sig = LoadSignaler(st.slot_s, st.busy_above, st.idle_below)
+                    sig = LoadSignaler.of(self.signal_settings)
                     sig.observe(max(self._rel(self.clock()), self._last_t),
                                 max(0.0, self.utilization_now()))
                     self._signalers[item.source] = sig

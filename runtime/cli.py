@@ -14,7 +14,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import NoReturn
 
-from runtime.topology import Topology, TopologyError, load_topology
+from runtime.topology import Topology, TopologyError, load_topology, unknown_scheme
 
 EXIT_BAD_INPUT = 2
 
@@ -71,6 +71,22 @@ def load_or_exit(path: str, overrides: Sequence[str], *, check_input: bool = Tru
 def fail(message: str) -> NoReturn:
     print(f"error: {TopologyError(message)}", file=sys.stderr)  # one line, escaped
     raise SystemExit(EXIT_BAD_INPUT)
+
+
+def parse_schemes(text: str, option: str = "--schemes") -> list[str]:
+    """``"kg,pkg"`` -> ``["kg", "pkg"]``: registered schemes, each once; else
+    exit 2 with one line naming ``option``."""
+    from runtime.grouping import SCHEMES
+
+    schemes = [s.strip() for s in text.split(",") if s.strip()]
+    if not schemes:
+        fail(f"{option}: empty list")
+    for s in schemes:
+        if s not in SCHEMES:
+            fail(f"{option}: {unknown_scheme(s)}")
+    if len(set(schemes)) != len(schemes):
+        fail(f"{option}: a scheme is listed twice ({text!r})")
+    return schemes
 
 
 #: exit code when the user's operator failed during a run

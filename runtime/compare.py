@@ -24,8 +24,7 @@ from typing import Any
 
 import pandas as pd
 
-from runtime.cli import base_parser, check_address, fail, load_or_exit, run_main
-from runtime.grouping import SCHEMES
+from runtime.cli import base_parser, check_address, fail, load_or_exit, parse_schemes, run_main
 from runtime.report import default_out_dir
 from runtime.topology import Topology
 
@@ -44,22 +43,6 @@ COLUMNS = (  # (column, header, format)
     ("migrations", "migrations", "{:,}"),
     ("duration_s", "duration s", "{:.1f}"),
 )
-
-
-def parse_schemes(text: str) -> list[str]:
-    schemes = [s.strip() for s in text.split(",") if s.strip()]
-    if not schemes:
-        fail("--schemes: empty list")
-    for s in schemes:
-        if s not in SCHEMES:
-            from runtime.topology import _did_you_mean
-
-            hint = _did_you_mean(s, SCHEMES)
-            fail(f"--schemes: unknown scheme {s!r}{', ' + hint if hint else ''} "
-                 f"(known: {', '.join(sorted(SCHEMES))})")
-    if len(set(schemes)) != len(schemes):
-        fail(f"--schemes: a scheme is listed twice ({text!r})")
-    return schemes
 
 
 def total_capacity_msgs_per_s(topo: Topology) -> float:

@@ -24,6 +24,9 @@ Odd data that is legitimate is not an error; both engines treat it the same:
 - naive-bayes labels are cast to int64 like Spark's ``CAST(label AS BIGINT)``;
   a row whose label is null or not a number is dropped (an example without a
   class teaches nothing). No row left is an error.
+- The stream is cut in order into blocks of at most ``SHARD_BLOCK_ROWS`` rows,
+  dealt round-robin to the sources (``actors.spark_input.to_ray_shards``; the
+  simulator's ``shard_order``).
 """
 
 from __future__ import annotations
@@ -36,6 +39,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from runtime.topology import Topology, TopologyError
+
+#: rows per block when the input is dealt to the sources (both engines)
+SHARD_BLOCK_ROWS = 65_536
 
 # --------------------------------------------------------------------------- messages
 

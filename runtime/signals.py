@@ -25,6 +25,7 @@ observation interval.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 MAX_THRESHOLD = 100.0
 _NEVER = -(2**62)  # slot index before any slot
@@ -43,6 +44,30 @@ def validate_thresholds(busy_above: float, idle_below: float, slot_s: float) -> 
         raise ValueError(f"slot_s must be in (0, 3600] seconds (got {slot_s})")
 
 
+@dataclass(frozen=True)
+class WorkerSignals:
+    """The worker-side load signals a grouping asks for (``Grouping.worker_signals``):
+    each worker signals over slots of ``slot_s`` seconds, *decrease* above
+    ``busy_above`` and *increase* below ``idle_below`` (utilization, 1 = at
+    capacity). The defaults here are the only ones (CG's, section 5.2).
+    Validated on construction (``validate_thresholds``)."""
+
+    slot_s: float = 0.5
+    busy_above: float = 0.85
+    idle_below: float = 0.75
+
+    def __post_init__(self) -> None:
+        validate_thresholds(self.busy_above, self.idle_below, self.slot_s)
+        # frozen: normalise ints from YAML to floats in place
+        object.__setattr__(self, "slot_s", float(self.slot_s))
+        object.__setattr__(self, "busy_above", float(self.busy_above))
+        object.__setattr__(self, "idle_below", float(self.idle_below))
+
+
+#: the default worker-side signal settings
+DEFAULT_SIGNALS = WorkerSignals()
+
+
 class LoadSignaler:
     """At most one increase/decrease signal per time slot, from observed utilization.
 
@@ -56,12 +81,13 @@ class LoadSignaler:
     """
 
     def __init__(
-        self, slot_s: float = 0.5, busy_above: float = 0.85, idle_below: float = 0.75
+        self,
+        slot_s: float = DEFAULT_SIGNALS.slot_s,
+        busy_above: float = DEFAULT_SIGNALS.busy_above,
+        idle_below: float = DEFAULT_SIGNALS.idle_below,
     ) -> None:
-        validate_thresholds(busy_above, idle_below, slot_s)
-        self.slot_s = float(slot_s)
-        self.busy_above = float(busy_above)
-        self.idle_below = float(idle_below)
+        s = WorkerSignals(slot_s, busy_above, idle_below)  # validated
+        self.slot_s, self.busy_above, self.idle_below = s.slot_s, s.busy_above, s.idle_below
         self._slot = _NEVER  # index of the slot being accumulated
         self._area = 0.0  # integral of utilization over the covered part of the slot
         self._covered = 0.0  # seconds of the slot covered by observations
@@ -71,6 +97,11 @@ class LoadSignaler:
         self._done_u = math.nan
         self._emitted_slot = _NEVER  # latest slot whose signal was taken
         self.emitted = {"increase": 0, "decrease": 0}
+
+    @classmethod
+    def of(cls, settings: WorkerSignals) -> LoadSignaler:
+        """A signaler with ``settings`` (what a grouping's ``worker_signals`` asked for)."""
+        return cls(settings.slot_s, settings.busy_above, settings.idle_below)
 
     def _slot_of(self, t: float) -> int:
         return math.floor(t / self.slot_s)

@@ -13,9 +13,10 @@ import sys
 import time
 
 from runtime.cli import base_parser, load_or_exit, run_main
+from runtime.input_check import SHARD_BLOCK_ROWS
 from runtime.report import default_out_dir, summary_table
 from runtime.sim import SimResult, simulate
-from runtime.sim.engine import DEFAULT_ACK_DELAY_MS, SHARD_BLOCK_ROWS
+from runtime.sim.engine import DEFAULT_ACK_DELAY_MS
 from runtime.sim.inputs import load_input
 
 __all__ = ["SimResult", "main", "simulate"]

@@ -34,7 +34,11 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
-PREFIX = "ray_hs_"
+from runtime import live_metrics
+from runtime.live_metrics import METRICS, exported
+from runtime.signals import DEFAULT_SIGNALS
+
+PREFIX = live_metrics.PROMETHEUS_PREFIX
 STALE_S = 5.0
 
 # ============================================================================ parsing
@@ -79,7 +83,7 @@ def parse_prometheus(text: str, prefix: str = PREFIX) -> list[Sample]:
             v = float(value)
         except ValueError:
             continue
-        out.append(Sample(name[len("ray_"):] if name.startswith("ray_") else name, labels, v))
+        out.append(Sample(name.removeprefix(live_metrics.RAY_PREFIX), labels, v))
     return out
 
 
@@ -109,17 +113,26 @@ class RunView:
         return max(u) - sum(u) / len(u) if u else None
 
 
-_WORKER = {
-    "hs_worker_processed_total": "processed", "hs_worker_rate": "rate",
-    "hs_worker_queue_messages": "queue_msgs", "hs_worker_queue_batches": "queue_batches",
-    "hs_worker_utilization": "utilization", "hs_worker_busy": "busy",
-    "hs_worker_capacity": "capacity", "hs_worker_stopped": "stopped",
-    "hs_worker_latency_p50_seconds": "p50_s", "hs_worker_latency_p99_seconds": "p99_s",
-}
-_SOURCE = {
-    "hs_source_routed_total": "routed", "hs_source_acked_total": "acked",
-    "hs_source_migrations_total": "migrations",
-}
+#: exported sample name -> the field of ``RunView.workers`` / ``.sources`` it fills
+_WORKER = {exported(name): f for name, f in (
+    (live_metrics.WORKER_PROCESSED, "processed"),
+    (live_metrics.WORKER_RATE, "rate"),
+    (live_metrics.WORKER_QUEUE_MESSAGES, "queue_msgs"),
+    (live_metrics.WORKER_QUEUE_BATCHES, "queue_batches"),
+    (live_metrics.WORKER_UTILIZATION, "utilization"),
+    (live_metrics.WORKER_BUSY, "busy"),
+    (live_metrics.WORKER_CAPACITY, "capacity"),
+    (live_metrics.WORKER_STOPPED, "stopped"),
+    (live_metrics.WORKER_LATENCY_P50, "p50_s"),
+    (live_metrics.WORKER_LATENCY_P99, "p99_s"),
+)}
+_SOURCE = {exported(name): f for name, f in (
+    (live_metrics.SOURCE_ROUTED, "routed"),
+    (live_metrics.SOURCE_ACKED, "acked"),
+    (live_metrics.SOURCE_MIGRATIONS, "migrations"),
+)}
+_SIGNALS = exported(live_metrics.SOURCE_SIGNALS)
+_RUN_INFO_TAGS = METRICS[live_metrics.RUN_INFO].extra_tags
 
 
 def _index(actor: str, kind: str) -> int | None:
@@ -143,28 +156,27 @@ def collect(samples: Iterable[Sample]) -> dict[str, RunView]:
             r = runs[run] = RunView(run)
         actor = s.labels.get("actor", "")
         n = s.name
-        if n == "hs_heartbeat_seconds":
+        if n == live_metrics.HEARTBEAT:
             r.heartbeat = max(r.heartbeat, s.value)
-        elif n == "hs_run_info":
-            r.info = {k: v for k, v in s.labels.items() if k not in ("run", "actor")
-                      and k in ("name", "scheme", "app", "workers", "sources")}
-        elif n == "hs_run_messages":
+        elif n == live_metrics.RUN_INFO:
+            r.info = {k: v for k, v in s.labels.items() if k in _RUN_INFO_TAGS}
+        elif n == live_metrics.RUN_MESSAGES:
             r.messages = s.value
-        elif n == "hs_run_acked":
+        elif n == live_metrics.RUN_ACKED:
             r.acked = s.value
-        elif n == "hs_run_imbalance":
+        elif n == live_metrics.RUN_IMBALANCE:
             r.imbalance = s.value
         elif n in _WORKER:
             w = _index(actor, "worker")
             if w is not None:
                 r.workers.setdefault(w, {})[_WORKER[n]] = s.value
-        elif n in _SOURCE or n == "hs_source_signals_total":
+        elif n in _SOURCE or n == _SIGNALS:
             i = _index(actor, "source")
             if i is None:
                 continue
             key = _SOURCE.get(n) or "signals_" + s.labels.get("kind", "?")
             r.sources.setdefault(i, {})[key] = s.value
-        elif n == "hs_source_vw_owned":
+        elif n == live_metrics.SOURCE_VW_OWNED:
             i = _index(actor, "source")
             try:
                 w = int(s.labels.get("worker", ""))
@@ -201,7 +213,10 @@ def _color(text: str, code: str, on: bool) -> str:
 
 
 def _util_color(u: float) -> str:
-    return "32" if u < 0.75 else ("33" if u < 0.85 else "31")  # CG: idle < 0.75, busy > 0.85
+    """Green below CG's default idle threshold, red at or above its busy one."""
+    if u < DEFAULT_SIGNALS.idle_below:
+        return "32"
+    return "33" if u < DEFAULT_SIGNALS.busy_above else "31"
 
 
 def _num(v: float | None, fmt: str = ",.0f", none: str = "-") -> str:

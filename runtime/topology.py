@@ -11,7 +11,7 @@ import math
 import os
 import re
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, get_args
 
 import yaml
 from pydantic import (
@@ -30,7 +30,9 @@ from runtime.placement import validate_amounts
 FILE_FORMATS = ("parquet", "csv", "json")
 GENERATED_FORMATS = ("zipf", "evolving-zipf")
 THROTTLES = ("duty-cycle", "cpulimit", "service")
-APPS = ("wordcount", "naive-bayes", "heavy-hitters", "aggregate", "operator")
+#: ``app.kind``: the built-in operators, then the user's own (``runtime.operators``)
+AppKind = Literal["wordcount", "naive-bayes", "heavy-hitters", "aggregate", "operator"]
+APPS: tuple[str, ...] = get_args(AppKind)
 #: ``app.kind: aggregate``: the per-key aggregates one may ask for
 AGGS = ("count", "sum", "min", "max", "mean")
 #: a URI scheme (``s3a://``, ``hdfs://``, ``file://``): the path is not a local file name
@@ -204,6 +206,15 @@ class WorkersSpec(_Strict):
         return [float(c) for c in caps] * (self.count if len(caps) == 1 else 1)
 
 
+def unknown_scheme(name: str) -> str:
+    """``unknown scheme 'pck', did you mean 'pkg'? (known: acg, cg, ...)``."""
+    from runtime.grouping import SCHEMES
+
+    hint = _did_you_mean(name, SCHEMES)
+    return (f"unknown scheme {name!r}{', ' + hint if hint else ''} "
+            f"(known: {', '.join(sorted(SCHEMES))})")
+
+
 class GroupingSpec(BaseModel):
     """``scheme`` plus scheme parameters, flat (``grouping.virtual_per_worker``).
 
@@ -221,11 +232,7 @@ class GroupingSpec(BaseModel):
         from runtime.grouping import SCHEMES, scheme_params
 
         if self.scheme not in SCHEMES:
-            hint = _did_you_mean(self.scheme, SCHEMES)
-            raise ValueError(
-                f"grouping.scheme: unknown scheme {self.scheme!r}{', ' + hint if hint else ''} "
-                f"(known: {', '.join(sorted(SCHEMES))})"
-            )
+            raise ValueError(f"grouping.scheme: {unknown_scheme(self.scheme)}")
         mine = scheme_params(self.scheme)
         anyone = {p for name in SCHEMES for p in scheme_params(name)}
         for k in self.model_extra or {}:
@@ -276,8 +283,7 @@ class GroupingSpec(BaseModel):
 class AppSpec(_Strict):
     """``app``: what the workers compute (DESIGN.md, "Applications over records")."""
 
-    kind: Literal["wordcount", "naive-bayes", "heavy-hitters", "aggregate", "operator"] = \
-        "wordcount"
+    kind: AppKind = "wordcount"
     aggregate_every_s: Annotated[float, Field(gt=0)] = 1.0
     #: heavy-hitters: SpaceSaving counters per worker and top-k reported
     counters: PosInt = 1000

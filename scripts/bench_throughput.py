@@ -23,7 +23,8 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from runtime.compare import parse_schemes, run_all  # noqa: E402
+from runtime.cli import parse_schemes  # noqa: E402
+from runtime.compare import run_all  # noqa: E402
 from runtime.report import default_out_dir  # noqa: E402
 from runtime.topology import load_topology  # noqa: E402
 

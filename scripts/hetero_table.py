@@ -22,7 +22,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from runtime.compare import parse_schemes, run_all, topologies  # noqa: E402
+from runtime.cli import parse_schemes  # noqa: E402
+from runtime.compare import run_all, topologies  # noqa: E402
 from runtime.report import default_out_dir  # noqa: E402
 
 

@@ -625,6 +625,7 @@ def experiment3(args: argparse.Namespace) -> str:
     }
     inp = load_input(load_topology(hetero_topology("kg", args.words, messages)))
     bar = progress(sum(len(v[1]) for v in setups.values()), "exp3 CG Fig 8/12 (sim)")
+    signals = SCHEMES["cg"].worker_signals(cg10)  # what CG's workers were told
     tables, series = {}, {}
     for figname, (changes, schemes) in setups.items():
         rows, series[figname] = [], {}
@@ -646,7 +647,8 @@ def experiment3(args: argparse.Namespace) -> str:
            f"offered rate 80% of it ({rate:,.0f} msgs/s, ~{horizon:.0f} s of input), micro-batches "
            "of 500, in-flight window unbounded (queues grow as in the paper's model instead of "
            "back-pressuring the sources), CG eps = 0.01, R virtual workers per worker, busy above "
-           f"0.85 / idle below 0.75 (queue-length utilization), signal slot {CG_SLOT_S:g} s "
+           f"{signals.busy_above:g} / idle below {signals.idle_below:g} (queue-length "
+           f"utilization), signal slot {signals.slot_s:g} s "
            f"(time-series slot 0.5 s). Fig 12: at t = {t1:.1f} s workers 0-2 drop "
            f"to 1 and 3-5 rise to 5; at t = {t2:.1f} s 3-5 drop to 1 and 6-8 rise to 5 (total "
            "22 throughout). `queue_spread` / `util_spread`: mean over slots of max - min across "

@@ -32,26 +32,13 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from runtime.cli import Parser, fail  # noqa: E402,F401 (re-exported for the scripts)
-from runtime.grouping import SCHEMES  # noqa: E402
+from runtime.cli import Parser, fail, parse_schemes  # noqa: E402,F401 (re-exported for the scripts)
 
 ENGINES = ("sim", "ray", "both")
 
 
 def engines(choice: str) -> list[str]:
     return ["sim", "ray"] if choice == "both" else [choice]
-
-
-def parse_schemes(text: str, option: str = "--schemes") -> list[str]:
-    schemes = [s.strip() for s in text.split(",") if s.strip()]
-    if not schemes:
-        fail(f"{option}: empty list")
-    for s in schemes:
-        if s not in SCHEMES:
-            fail(f"{option}: unknown scheme {s!r} (known: {', '.join(sorted(SCHEMES))})")
-    if len(set(schemes)) != len(schemes):
-        fail(f"{option}: a scheme is listed twice ({text!r})")
-    return schemes
 
 
 def parse_floats(text: str, option: str, *, low: float | None = None,

@@ -15,11 +15,14 @@ from __future__ import annotations
 import inspect
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 
 from runtime.hashing import choice
+
+if TYPE_CHECKING:
+    from runtime.signals import WorkerSignals
 
 Clock = Callable[[], float]
 
@@ -62,9 +65,11 @@ class Grouping(ABC):
     coordinated: ClassVar[bool] = False
 
     @classmethod
-    def signal_settings(cls, params: dict[str, Any]) -> dict[str, float] | None:
-        """Worker-side load signals this scheme needs (CG's ``LoadSignaler``
-        settings: ``slot_s``, ``busy_above``, ``idle_below``), or None."""
+    def worker_signals(cls, params: dict[str, Any]) -> WorkerSignals | None:
+        """The load signals every worker must piggyback on its acks for a run of
+        this scheme with ``params`` (CG: ``WorkerSignals(slot_s, busy_above,
+        idle_below)``, one ``LoadSignaler`` per source on each worker), or None
+        for schemes that need none (workers then skip the bookkeeping)."""
         return None
 
     @classmethod
@@ -135,8 +140,18 @@ class Grouping(ABC):
         every source. A worker id ``>= n_workers`` is an error here (the
         scheme's arithmetic is fixed at ``n_workers``; build it with room and
         mark the spare ids departed instead). Schemes that re-map natively
-        (CH, FISH, CG) override this.
+        (CH and FISH: ``RingMembership``; CG, ACG) override this and
+        ``live_workers``.
         """
+        target = self._checked_alive(alive)
+        dead = np.ones(self.n_workers, dtype=bool)
+        dead[sorted(target)] = False
+        self._dead = dead if dead.any() else None
+
+    def _checked_alive(self, alive: Sequence[int]) -> set[int]:
+        """``alive`` as a set, for schemes whose worker ids are fixed at
+        ``[0, n_workers)``: ``ValueError`` if empty or naming the first id out
+        of range."""
         target = {int(w) for w in alive}
         if not target:
             raise ValueError("alive must contain at least one worker")
@@ -146,18 +161,15 @@ class Grouping(ABC):
                 f"worker ids must be in [0, {self.n_workers}) for scheme {self.name!r} "
                 f"(got {bad[0]})"
             )
-        dead = np.ones(self.n_workers, dtype=bool)
-        dead[sorted(target)] = False
-        self._dead = dead if dead.any() else None
+        return target
 
     def live_workers(self) -> list[int]:
-        """The workers currently routed to, ascending."""
-        ring = getattr(self, "ring", None)
-        if ring is not None and type(self).on_workers_changed is not Grouping.on_workers_changed:
-            return list(ring.workers)
-        alive = getattr(self, "_alive", None)
-        if alive is not None:
-            return sorted(alive)
+        """The workers currently routed to, ascending.
+
+        Default: those the liveness mask of ``on_workers_changed`` keeps. A
+        scheme that overrides ``on_workers_changed`` with its own membership
+        (CH's and FISH's ring, CG's and ACG's VW table) overrides this too.
+        """
         if self._dead is None:
             return list(range(self.n_workers))
         return np.flatnonzero(~self._dead).tolist()

@@ -25,9 +25,9 @@ load is its VW count times that share, and workers set their own share by
 signalling. No message migration: a move only redirects future messages.
 
 The worker-side settings ``busy_above``, ``idle_below`` and ``slot_s`` are
-accepted here (the topology puts them under ``grouping``) and only stored as
-attributes: engines read them to configure each worker's ``LoadSignaler``.
-They do not affect routing.
+accepted here (the topology puts them under ``grouping``) and do not affect
+routing: ``ConsistentGrouping.worker_signals(params)`` hands them to the
+engines, which configure each worker's ``LoadSignaler`` with them.
 """
 
 from __future__ import annotations
@@ -39,8 +39,8 @@ from typing import Any
 import numpy as np
 
 from runtime.grouping.base import Clock, Grouping, register, scheme_params
-from runtime.grouping.porc import ProbeMemo, porc_route, validate_eps
-from runtime.signals import validate_thresholds
+from runtime.grouping.porc import PorcBins, validate_eps
+from runtime.signals import DEFAULT_SIGNALS, WorkerSignals
 
 MAX_VIRTUAL_PER_WORKER = 10_000
 
@@ -87,9 +87,10 @@ class ConsistentGrouping(Grouping):
             ``None`` = use ``eps``. Giving both with different values is an error.
         virtual_per_worker: ``R``, initial VWs per worker, in ``[1, 10_000]``
             (default 10). More = finer capacity steps, slower convergence.
-        busy_above, idle_below, slot_s: worker-side ``LoadSignaler`` settings
-            (defaults 0.85, 0.75, 0.5 s; ``0 <= idle_below <= busy_above``),
-            stored for the engines, unused by routing.
+        busy_above, idle_below, slot_s: the workers' load signals
+            (``WorkerSignals``, whose defaults these are;
+            ``0 <= idle_below <= busy_above``), for the engines
+            (``worker_signals``), unused by routing.
     """
 
     name = "cg"
@@ -102,9 +103,9 @@ class ConsistentGrouping(Grouping):
         clock: Clock | None = None,
         eps: float = 0.01,
         virtual_per_worker: int = 10,
-        busy_above: float = 0.85,
-        idle_below: float = 0.75,
-        slot_s: float = 0.5,
+        busy_above: float = DEFAULT_SIGNALS.busy_above,
+        idle_below: float = DEFAULT_SIGNALS.idle_below,
+        slot_s: float = DEFAULT_SIGNALS.slot_s,
         epsilon: float | None = None,
     ) -> None:
         super().__init__(n_workers, seed, clock)
@@ -123,10 +124,10 @@ class ConsistentGrouping(Grouping):
             raise ValueError(
                 f"virtual_per_worker must be an int in [1, {MAX_VIRTUAL_PER_WORKER}] (got {r!r})"
             )
-        validate_thresholds(busy_above, idle_below, slot_s)
-        self.busy_above = float(busy_above)
-        self.idle_below = float(idle_below)
-        self.slot_s = float(slot_s)
+        signals = WorkerSignals(slot_s=slot_s, busy_above=busy_above, idle_below=idle_below)
+        self.busy_above = signals.busy_above
+        self.idle_below = signals.idle_below
+        self.slot_s = signals.slot_s
         self.virtual_per_worker = int(r)
         self.n_virtual = self.n_workers * self.virtual_per_worker
         self.vw_owner = (np.arange(self.n_virtual) % self.n_workers).astype(np.int32)
@@ -134,35 +135,32 @@ class ConsistentGrouping(Grouping):
         self._owned: list[list[int]] = [
             list(range(w, self.n_virtual, self.n_workers)) for w in range(self.n_workers)
         ]
-        self.vw_loads = np.zeros(self.n_virtual, dtype=np.int64)  # only grows (probe memo)
-        self.m = 0
-        self._memo = ProbeMemo()
-        self._vw_ids = np.arange(self.n_virtual, dtype=np.int64)
+        self._porc = PorcBins(self.n_virtual, self.eps)  # PoRC over the VWs
         self.idle = _FCFS()
         self.busy = _FCFS()
         self._alive = set(range(self.n_workers))
 
     @classmethod
-    def signal_settings(cls, params: dict[str, Any]) -> dict[str, float]:
-        """The workers' ``LoadSignaler`` settings for a run with ``params``."""
+    def worker_signals(cls, params: dict[str, Any]) -> WorkerSignals:
+        """The workers' load signals for a run with ``params`` (defaults filled in)."""
         p = {**scheme_params(cls.name), **params}
-        validate_thresholds(p["busy_above"], p["idle_below"], p["slot_s"])
-        return {k: float(p[k]) for k in ("slot_s", "busy_above", "idle_below")}
+        return WorkerSignals(
+            slot_s=p["slot_s"], busy_above=p["busy_above"], idle_below=p["idle_below"]
+        )
 
     # -- routing ---------------------------------------------------------------
 
-    def _route(self, key_hashes: np.ndarray, owner: np.ndarray) -> np.ndarray:
-        h = np.ascontiguousarray(key_hashes, dtype=np.uint64)
-        out = np.empty(len(h), dtype=owner.dtype)
-        self.m = porc_route(h, self.vw_loads, self.m, self.eps, self._memo.table, owner, out)
-        return out
+    @property
+    def vw_loads(self) -> np.ndarray:
+        """Messages routed to each VW (``int64[n_virtual]``)."""
+        return self._porc.loads
 
     def route_virtual(self, key_hashes: np.ndarray) -> np.ndarray:
         """Route a micro-batch to VWs (``int64``), updating the VW loads."""
-        return self._route(key_hashes, self._vw_ids)
+        return self._porc.route(key_hashes, self._porc.bin_ids)
 
     def route(self, key_hashes: np.ndarray) -> np.ndarray:
-        return self._route(key_hashes, self.vw_owner)
+        return self._porc.route(key_hashes, self.vw_owner)
 
     # -- feedback --------------------------------------------------------------
 
@@ -215,12 +213,7 @@ class ConsistentGrouping(Grouping):
         the live worker holding the most until it holds ``B // |alive|``. Worker
         ids must be in ``[0, n_workers)`` (``B`` is fixed at construction).
         """
-        target = {int(w) for w in alive}
-        if not target:
-            raise ValueError("alive must contain at least one worker")
-        bad = [w for w in target if not 0 <= w < self.n_workers]
-        if bad:
-            raise ValueError(f"worker ids must be in [0, {self.n_workers}) (got {bad[0]})")
+        target = self._checked_alive(alive)
         gone = sorted(self._alive - target)
         new = sorted(target - self._alive)
         self._alive = target
@@ -237,6 +230,9 @@ class ConsistentGrouping(Grouping):
                 if len(self._owned[src]) <= len(self._owned[w]) + 1:
                     break
                 self._move(src, w)
+
+    def live_workers(self) -> list[int]:
+        return sorted(self._alive)
 
     # -- reporting -------------------------------------------------------------
 

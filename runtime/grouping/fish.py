@@ -70,8 +70,8 @@ from typing import Any
 import numpy as np
 from numba import njit
 
-from runtime.grouping.base import Clock, Grouping, register
-from runtime.grouping.ch import MAX_VNODES, Ring, ring_distinct_successors
+from runtime.grouping.base import Clock, register
+from runtime.grouping.ch import MAX_VNODES, Ring, RingMembership, ring_distinct_successors
 from runtime.jit import kernel
 from runtime.sketches import EMPTY, index_table_size, ss_reindex, ss_update_slot, tree_arrays
 
@@ -221,7 +221,7 @@ def fish_route(
 
 
 @register
-class FISH(Grouping):
+class FISH(RingMembership):
     """FISH grouping (see the module docstring for the estimator).
 
     Tunables:
@@ -401,21 +401,10 @@ class FISH(Grouping):
         self._t0[w] = now
 
     def on_workers_changed(self, alive: Sequence[int]) -> None:
-        """Put exactly ``alive`` on the ring (only departed/new workers' keys move)."""
-        target = {int(w) for w in alive}
-        if not target:
-            raise ValueError("alive must contain at least one worker")
-        if min(target) < 0:
-            raise ValueError(f"worker ids must be >= 0 (got {min(target)})")
-        current = set(self.ring.workers)
-        for w in sorted(target - current):
-            self.ring.add_worker(w)
-            self.migrations += self.vnodes
-        for w in sorted(current - target):
-            self.ring.remove_worker(w)
-            self.migrations += self.vnodes
-        if max(target) + 1 > len(self._sent):
-            self.n_workers = max(target) + 1
+        """Put exactly ``alive`` on the ring (``RingMembership``: only
+        departed/new workers' keys move); per-worker state grows with new ids."""
+        super().on_workers_changed(alive)
+        if self.n_workers > len(self._sent):
             self._alloc_workers(self.n_workers)
         self._cand_n[:] = 0  # candidates depend on the ring
 

@@ -53,26 +53,12 @@ from typing import Any
 import numpy as np
 
 from runtime.grouping.base import Clock, Grouping, register
-from runtime.grouping.ch import MAX_VNODES, Ring
+from runtime.grouping.ch import MAX_VNODES, Ring, ring_successor
 from runtime.jit import kernel
 from runtime.sketches import EMPTY, LossyCounting, index_build, index_find, lc_update
 
 HEURISTICS = ("readj", "scan", "redist")
 MAX_MOVES_PER_ITEM = 5  # the paper's c: "limited and unlimited did not differ"
-
-
-@kernel(inline=True)
-def _successor(
-    points: np.ndarray, first: np.ndarray, shift: np.uint64, h: np.uint64
-) -> int:  # pragma: no cover - compiled
-    """Index of the first ring point ``>= h``, wrapping to 0: ``Ring``'s bucket
-    index (``first[h >> shift]``, ~0.25 scan steps) instead of a binary search
-    (~10 unpredictable branches)."""
-    n_points = points.shape[0]
-    i = first[h >> shift]
-    while i < n_points and points[i] < h:
-        i += 1
-    return i if i < n_points else 0
 
 
 @kernel()
@@ -107,7 +93,7 @@ def _gedik_route(
         if s != EMPTY:
             w = t_workers[s]
         else:
-            w = owners[_successor(points, first, shift, h)]
+            w = owners[ring_successor(points, first, shift, h)]
             tail[w] += 1
         loads[w] += 1
         out[i] = w
@@ -143,107 +129,137 @@ def _range_after(loads: np.ndarray, a: int, b: int, delta: float) -> float:  # p
 
 
 @kernel()
-def _construct(
+def _readjust(
     counts: np.ndarray,
     old: np.ndarray,
-    base: np.ndarray,
+    loads: np.ndarray,
     assign: np.ndarray,
     moves: np.ndarray,
     scale_rho: float,
     scale_gamma: float,
     mig0: float,
-    mode: int,
 ) -> int:  # pragma: no cover - compiled
-    """Build the explicit mapping ``assign`` of the tracked items (Gedik 4.2).
+    """``readj`` (Gedik 4.2, Algorithm 4): improve the previous mapping by moves
+    and swaps.
 
-    ``counts[r]``: item r's window count; ``old[r]``: its previous worker
-    ``p_t``; ``base``: per-worker load without tracked items (float64, used as
-    scratch: holds the final loads on return); ``mode`` 0 readj (``assign``
-    must hold the start mapping), 1 scan (``counts`` sorted decreasing), 2
-    redist. ``scale_rho = 1/(theta*mean load)``, ``scale_gamma = 1/ideal``,
-    ``mig0``: migration of items leaving the table. Returns the number of
-    steps taken. Utility ``U = rho + gamma``.
+    ``counts[r]``: tracked item r's window count; ``old[r]``: its previous
+    worker ``p_t``; ``assign``: the start mapping, improved in place;
+    ``loads``: per-worker load without tracked items (float64, scratch: holds
+    the final loads on return); ``moves[r]``: times item r moved (at most
+    ``MAX_MOVES_PER_ITEM``). Each step applies the move (item to another
+    worker) or swap (with a lighter item) with the best utility gain per
+    frequency moved among those that strictly reduce the balance penalty;
+    stops when none does. Utility ``U = rho + gamma`` with ``scale_rho =
+    1/(theta*mean load)``, ``scale_gamma = 1/ideal``; ``mig0``: migration of
+    items leaving the table. Returns the number of steps taken.
     """
-    n = base.shape[0]
+    n = loads.shape[0]
     r_items = counts.shape[0]
-    loads = base
     mig = mig0
     steps = 0
-    if mode == 0:  # readj: moves and swaps from the previous mapping
-        for r in range(r_items):
-            loads[assign[r]] += counts[r]
-        while True:
-            imax = 0
-            imin = 0
-            for w in range(n):
-                if loads[w] > loads[imax]:
-                    imax = w
-                if loads[w] < loads[imin]:
-                    imin = w
-            rng0 = loads[imax] - loads[imin]
-            u = rng0 * scale_rho + mig * scale_gamma
-            best_gain = -1e300  # Algorithm 4: g <- -inf; any balance gain qualifies
-            best_a = -1
-            best_b = -1
-            best_j = -1
-            best_dm = 0.0
-            for a in range(r_items):
-                if moves[a] >= MAX_MOVES_PER_ITEM:
+    for r in range(r_items):
+        loads[assign[r]] += counts[r]
+    while True:
+        imax = 0
+        imin = 0
+        for w in range(n):
+            if loads[w] > loads[imax]:
+                imax = w
+            if loads[w] < loads[imin]:
+                imin = w
+        rng0 = loads[imax] - loads[imin]
+        u = rng0 * scale_rho + mig * scale_gamma
+        best_gain = -1e300  # Algorithm 4: g <- -inf; any balance gain qualifies
+        best_a = -1
+        best_b = -1
+        best_j = -1
+        best_dm = 0.0
+        for a in range(r_items):
+            if moves[a] >= MAX_MOVES_PER_ITEM:
+                continue
+            wa = assign[a]
+            ca = counts[a]
+            # moves a -> j (transfer ca from wa to j)
+            for j in range(n):
+                if j == wa or not (wa == imax or j == imin):
                     continue
-                wa = assign[a]
-                ca = counts[a]
-                # moves a -> j (transfer ca from wa to j)
-                for j in range(n):
-                    if j == wa or not (wa == imax or j == imin):
-                        continue
-                    new_rng = _range_after(loads, wa, j, ca)
-                    if new_rng >= rng0:
-                        continue
-                    dm = ca * (_ind(old[a] == wa) - _ind(old[a] == j))
-                    gain = (u - (new_rng * scale_rho + (mig + dm) * scale_gamma)) / ca
-                    if gain > best_gain:
-                        best_gain, best_a, best_b, best_j, best_dm = gain, a, -1, j, dm
-                # swaps a <-> b with a heavier (transfer ca - cb from wa to wb)
-                for b in range(r_items):
-                    wb = assign[b]
-                    cb = counts[b]
-                    if wb == wa or cb >= ca or moves[b] >= MAX_MOVES_PER_ITEM:
-                        continue
-                    if not (wa == imax or wb == imin):
-                        continue
-                    new_rng = _range_after(loads, wa, wb, ca - cb)
-                    if new_rng >= rng0:
-                        continue
-                    dm = ca * (_ind(old[a] == wa) - _ind(old[a] == wb)) + cb * (
-                        _ind(old[b] == wb) - _ind(old[b] == wa)
-                    )
-                    gain = (u - (new_rng * scale_rho + (mig + dm) * scale_gamma)) / (ca - cb)
-                    if gain > best_gain:
-                        best_gain, best_a, best_b, best_j, best_dm = gain, a, b, wb, dm
-            if best_a < 0:
-                break
-            wa = assign[best_a]
-            if best_b < 0:
-                loads[wa] -= counts[best_a]
-                loads[best_j] += counts[best_a]
-            else:
-                d = counts[best_a] - counts[best_b]
-                loads[wa] -= d
-                loads[best_j] += d
-                assign[best_b] = wa
-                moves[best_b] += 1
-            assign[best_a] = best_j
-            moves[best_a] += 1
-            mig += best_dm
-            steps += 1
-        return steps
-    placed = moves  # scan/redist: moves[r] = 1 once item r is placed
+                new_rng = _range_after(loads, wa, j, ca)
+                if new_rng >= rng0:
+                    continue
+                dm = ca * (_ind(old[a] == wa) - _ind(old[a] == j))
+                gain = (u - (new_rng * scale_rho + (mig + dm) * scale_gamma)) / ca
+                if gain > best_gain:
+                    best_gain, best_a, best_b, best_j, best_dm = gain, a, -1, j, dm
+            # swaps a <-> b with a heavier (transfer ca - cb from wa to wb)
+            for b in range(r_items):
+                wb = assign[b]
+                cb = counts[b]
+                if wb == wa or cb >= ca or moves[b] >= MAX_MOVES_PER_ITEM:
+                    continue
+                if not (wa == imax or wb == imin):
+                    continue
+                new_rng = _range_after(loads, wa, wb, ca - cb)
+                if new_rng >= rng0:
+                    continue
+                dm = ca * (_ind(old[a] == wa) - _ind(old[a] == wb)) + cb * (
+                    _ind(old[b] == wb) - _ind(old[b] == wa)
+                )
+                gain = (u - (new_rng * scale_rho + (mig + dm) * scale_gamma)) / (ca - cb)
+                if gain > best_gain:
+                    best_gain, best_a, best_b, best_j, best_dm = gain, a, b, wb, dm
+        if best_a < 0:
+            break
+        wa = assign[best_a]
+        if best_b < 0:
+            loads[wa] -= counts[best_a]
+            loads[best_j] += counts[best_a]
+        else:
+            d = counts[best_a] - counts[best_b]
+            loads[wa] -= d
+            loads[best_j] += d
+            assign[best_b] = wa
+            moves[best_b] += 1
+        assign[best_a] = best_j
+        moves[best_a] += 1
+        mig += best_dm
+        steps += 1
+    return steps
+
+
+@kernel()
+def _place_greedily(
+    counts: np.ndarray,
+    old: np.ndarray,
+    loads: np.ndarray,
+    assign: np.ndarray,
+    placed: np.ndarray,
+    scale_rho: float,
+    scale_gamma: float,
+    mig0: float,
+    in_order: bool,
+) -> int:  # pragma: no cover - compiled
+    """``scan`` (``in_order``) or ``redist`` (Gedik 4.2): build the mapping from
+    scratch, one item per step, each to the placement of lowest utility.
+
+    ``scan`` places the items in the order given (``counts`` sorted
+    decreasing), each where the utility ``U = rho + gamma`` is lowest;
+    ``redist`` picks, among all unplaced items and placements, the lowest
+    utility per frequency. Candidate placements are tried from the item's old
+    worker on, so ties avoid migration. ``placed`` (all 0 on entry) marks the
+    placed items; ``assign`` gets the mapping; ``loads``, ``old``,
+    ``scale_rho``, ``scale_gamma``, ``mig0`` as for ``_readjust``. Returns the
+    number of steps taken (one per item).
+    """
+    n = loads.shape[0]
+    r_items = counts.shape[0]
+    mig = mig0
+    steps = 0
     for _ in range(r_items):
         best_u = 1e300
         best_r = -1
         best_l = -1
         for r in range(r_items):
-            if placed[r] or (mode == 1 and r != steps):  # scan: items in order
+            if placed[r] or (in_order and r != steps):
                 continue
             for k in range(n):
                 # the old location first, so ties avoid migration
@@ -257,7 +273,7 @@ def _construct(
                 loads[lw] -= counts[r]
                 dm = counts[r] if lw != old[r] else 0.0
                 util = (hi - lo) * scale_rho + (mig + dm) * scale_gamma
-                if mode == 2:
+                if not in_order:
                     util /= counts[r]
                 if util < best_u:
                     best_u, best_r, best_l = util, r, lw
@@ -390,11 +406,13 @@ class GedikPartitioning(Grouping):
         scale_rho = 1.0 / (self.theta * mean_load) if mean_load > 0 else 0.0
         ideal = (counts.sum() + gone_counts.sum()) / n
         scale_gamma = 1.0 / ideal if ideal > 0 else 0.0
-        mode = HEURISTICS.index(self.heuristic)
-        # scan visits items in decreasing frequency: frequent() returns them so
         assign = old_new.copy()
-        moves = np.zeros(len(counts), dtype=np.int64)
-        steps = _construct(counts, old_new, base, assign, moves, scale_rho, scale_gamma, mig0, mode)
+        marks = np.zeros(len(counts), dtype=np.int64)  # readj: moves per item; else: placed
+        if self.heuristic == "readj":
+            steps = _readjust(counts, old_new, base, assign, marks, scale_rho, scale_gamma, mig0)
+        else:  # scan visits items in decreasing frequency: frequent() returns them so
+            steps = _place_greedily(counts, old_new, base, assign, marks, scale_rho,
+                                   scale_gamma, mig0, self.heuristic == "scan")
         moved = assign != old_new
         moved_mass = mig0 + float(counts[moved].sum())
         moved_keys = int(moved.sum()) + int((gone_ring != gone_old).sum())

@@ -23,7 +23,7 @@ the argument above. So each message costs O(B) in the worst case.
 
 As a standalone scheme, bin ``b`` belongs to worker ``b mod n`` (``B / n``
 bins per worker when ``n`` divides ``B``, which holds for the default). CG
-reuses ``porc_route`` over its virtual workers.
+routes with the same ``PorcBins`` over its virtual workers.
 """
 
 from __future__ import annotations
@@ -147,6 +147,28 @@ class ProbeMemo:
         self.table[:, 2] = 1
 
 
+class PorcBins:
+    """PoRC's state over ``n_bins`` equal bins - bin loads (only grow: the probe
+    memo relies on it), messages routed ``m``, the probe memo - and its routing
+    step. The PoRC scheme routes with it over its bins, CG over its VWs."""
+
+    def __init__(self, n_bins: int, eps: float) -> None:
+        self.eps = eps
+        self.loads = np.zeros(n_bins, dtype=np.int64)
+        self.m = 0
+        self._memo = ProbeMemo()
+        #: ``owner`` for ``route`` that yields the bins themselves
+        self.bin_ids = np.arange(n_bins, dtype=np.int64)
+
+    def route(self, key_hashes: np.ndarray, owner: np.ndarray) -> np.ndarray:
+        """Route a micro-batch: ``owner[bin]`` (``owner``'s dtype) of each
+        message's bin, updating the bin loads."""
+        h = np.ascontiguousarray(key_hashes, dtype=np.uint64)
+        out = np.empty(len(h), dtype=owner.dtype)
+        self.m = porc_route(h, self.loads, self.m, self.eps, self._memo.table, owner, out)
+        return out
+
+
 def capacity_for(m: int, eps: float, n_bins: int) -> int:
     """Bin capacity after ``m`` messages, computed exactly as the kernel does."""
     return math.ceil((1.0 + eps) * m / n_bins)
@@ -188,24 +210,25 @@ class PowerOfRandomChoices(Grouping):
                 f"bins must be an int in [n_workers={self.n_workers}, {MAX_BINS}] (got {bins!r})"
             )
         self.bins = int(n_bins)
-        self.loads = np.zeros(self.bins, dtype=np.int64)  # only grows (probe memo)
-        self.m = 0
-        self._memo = ProbeMemo()
-        self._bin_ids = np.arange(self.bins, dtype=np.int64)
-        self._bin_worker = (self._bin_ids % self.n_workers).astype(np.int32)
+        self._porc = PorcBins(self.bins, self.eps)
+        self._bin_worker = (self._porc.bin_ids % self.n_workers).astype(np.int32)
 
-    def _route(self, key_hashes: np.ndarray, owner: np.ndarray) -> np.ndarray:
-        h = np.ascontiguousarray(key_hashes, dtype=np.uint64)
-        out = np.empty(len(h), dtype=owner.dtype)
-        self.m = porc_route(h, self.loads, self.m, self.eps, self._memo.table, owner, out)
-        return out
+    @property
+    def loads(self) -> np.ndarray:
+        """Messages per bin (``int64[bins]``)."""
+        return self._porc.loads
+
+    @property
+    def m(self) -> int:
+        """Messages routed so far."""
+        return self._porc.m
 
     def route_bins(self, key_hashes: np.ndarray) -> np.ndarray:
         """Route a micro-batch to bins (``int64``), updating the bin loads."""
-        return self._route(key_hashes, self._bin_ids)
+        return self._porc.route(key_hashes, self._porc.bin_ids)
 
     def route(self, key_hashes: np.ndarray) -> np.ndarray:
-        return self._live(key_hashes, self._route(key_hashes, self._bin_worker))
+        return self._live(key_hashes, self._porc.route(key_hashes, self._bin_worker))
 
     def stats(self) -> dict[str, Any]:
         s = super().stats()

@@ -71,12 +71,7 @@ class WeightedRoundRobin(Grouping):
         self._weights()
 
     def on_workers_changed(self, alive: Sequence[int]) -> None:
-        target = {int(w) for w in alive}
-        if not target:
-            raise ValueError("alive must contain at least one worker")
-        bad = [w for w in sorted(target) if not 0 <= w < self.n_workers]
-        if bad:
-            raise ValueError(f"worker ids must be in [0, {self.n_workers}) (got {bad[0]})")
+        target = self._checked_alive(alive)
         self._live_mask[:] = False
         self._live_mask[sorted(target)] = True
         self.current[~self._live_mask] = 0.0

@@ -12,6 +12,7 @@ from runtime.operators.contract import BoundOperator, spec_of
 from runtime.operators.counting import NaiveBayes, WordCount
 from runtime.operators.heavy_hitters import HeavyHitters
 from runtime.operators.loading import make_operator
+from runtime.topology import APPS
 
 #: ``app.kind`` -> built-in operator class
 BUILTINS: dict[str, type] = {
@@ -20,8 +21,8 @@ BUILTINS: dict[str, type] = {
     "heavy-hitters": HeavyHitters,
     "aggregate": Aggregate,
 }
-#: every ``app.kind``
-KINDS = (*BUILTINS, "operator")
+#: every ``app.kind`` (listed once, in the topology schema): the built-ins and "operator"
+KINDS = APPS
 #: the ``app`` fields each kind takes (others in the section are ignored)
 PARAMS: dict[str, tuple[str, ...]] = {
     "wordcount": (),
@@ -30,6 +31,8 @@ PARAMS: dict[str, tuple[str, ...]] = {
     "aggregate": ("value", "aggs"),
     "operator": ("operator", "columns", "params"),
 }
+# the schema's kinds are exactly the built-ins plus the user's operator, each with its fields
+assert set(KINDS) == {*BUILTINS, "operator"} == set(PARAMS), (KINDS, BUILTINS, PARAMS)
 #: fields of the ``app`` section that are not operator parameters
 _RUNTIME_FIELDS = ("kind", "aggregate_every_s")
 

@@ -67,6 +67,7 @@ import numpy as np
 
 from runtime.grouping import SCHEMES, Grouping, make_grouping
 from runtime.grouping.acg import FIRST_PLAN_S
+from runtime.input_check import SHARD_BLOCK_ROWS
 from runtime.signals import LoadSignaler
 from runtime.sim import kernels
 
@@ -75,8 +76,6 @@ DEFAULT_ACK_DELAY_MS = 1.0
 #: key x worker bitmaps (replication, keys per worker) up to this many cells;
 #: beyond, distinct (key, worker) pairs are counted by sorting at the end
 MAX_SEEN_CELLS = 1 << 28
-#: stream blocks dealt round-robin to the sources (``actors.spark_input``'s value)
-SHARD_BLOCK_ROWS = 65_536
 
 
 @dataclass
@@ -261,12 +260,12 @@ class Engine:
         g0 = self.groupings[0]
         scheme = SCHEMES[p.scheme]
         #: workers signal only to schemes that listen; others skip the bookkeeping
-        settings = scheme.signal_settings(p.scheme_params)
+        settings = scheme.worker_signals(p.scheme_params)
         self.signaling = settings is not None
         self.wsig: list[_WorkerSignals] = []
         if settings is not None:
             self.wsig = [
-                _WorkerSignals(LoadSignaler(**settings), p.queue_capacity_batches, p.n_sources)
+                _WorkerSignals(LoadSignaler.of(settings), p.queue_capacity_batches, p.n_sources)
                 for _ in range(nw)
             ]
         #: a scheme's run-wide controller (ACG): workers report every
