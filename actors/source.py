@@ -12,10 +12,14 @@ in one actor call instead of one per micro-batch; each sub-batch of a call is
 acknowledged to the grouping as its own. A stopped or slow worker blocks its
 source only once it has more than ``max_inflight + outbox`` (``outbox``
 defaults to ``max_inflight``) batches' worth of messages unacknowledged, in
-flight or queued - bounded memory, never a growing pile - and until then the other
-workers keep being fed instead of idling behind it (head-of-line blocking:
-a worker stopped by the duty-cycle throttler for 70 ms would otherwise stall
-every worker of that source).
+flight or queued - bounded memory, never a growing pile - or more than
+``BACKLOG_S`` (0.5 s) of its work, and until then the other workers keep being
+fed instead of idling behind it (head-of-line blocking: a worker stopped by the
+duty-cycle throttler for 70 ms would otherwise stall every worker of that
+source). A call holds at most ``CALL_S`` (0.1 s) of the worker's work too: the
+source measures from its acks how fast each worker drains its messages
+(``runtime.backpressure``), so a slow worker's backlog, calls and feedback are
+as short in time as a fast one's.
 Every ack goes to ``grouping.on_ack(worker, signal, acked)`` as soon as it is
 seen: CG moves virtual workers on piggybacked signals, FISH learns service
 times from ack timings through the grouping's clock. The source never reads
@@ -56,6 +60,7 @@ from typing import Any, Protocol
 import numpy as np
 import pyarrow as pa
 
+from runtime.backpressure import DrainRates
 from runtime.grouping.acg import FIRST_PLAN_S, RoutedMeter
 from runtime.hashing import hash_arrow
 from runtime.reliability import (
@@ -183,6 +188,10 @@ class SourceCore:
         self.acked_per_worker = np.zeros(self.n_workers, dtype=np.int64)
         self.lat_sum_s = 0.0
         self._inflight: dict[Any, list[Entry]] = {}  # token -> the call's sub-batches
+        self._sent_at: dict[Any, float] = {}  # token -> when the call was sent
+        #: how fast each worker drains this source's messages: bounds its backlog
+        #: and its calls in seconds of work, not only in messages
+        self.drain_rates = DrainRates(self.n_workers)
         self._inflight_per_worker = np.zeros(self.n_workers, dtype=np.int64)
         self._inflight_n = np.zeros(self.n_workers, dtype=np.int64)  # their messages
         self.vw_every_s = float(vw_every_s)
@@ -228,6 +237,7 @@ class SourceCore:
     def _handle(self, done: list[tuple[Any, Any]]) -> None:
         for token, ack in done:
             entries = self._inflight.pop(token, None)
+            sent_at = self._sent_at.pop(token, self.clock())
             if entries is None:  # its worker was declared dead meanwhile
                 continue
             w = entries[0].worker
@@ -238,6 +248,7 @@ class SourceCore:
                 if not isinstance(ack, WorkerLost):
                     raise ack
                 self._inflight[token] = entries  # handled with the worker's other entries
+                self._sent_at[token] = sent_at
                 self._inflight_per_worker[w] += 1
                 self._inflight_n[w] += sent
                 self._worker_lost(w, str(ack))
@@ -245,6 +256,7 @@ class SourceCore:
             if ack.get("rejected"):
                 raise SourceFenced(f"source-{self.index} epoch {self.epoch} was fenced off")
             n = int(ack["acked"])
+            self.drain_rates.acked(w, sent, sent_at, self.clock())
             self.acked += n
             self.acked_per_worker[w] += n
             self.lat_sum_s += float(ack.get("lat_sum_s", 0.0))
@@ -314,6 +326,8 @@ class SourceCore:
         self.grouping.remove_worker(w)
         for token in [t for t, es in self._inflight.items() if es[0].worker == w]:
             del self._inflight[token]
+            self._sent_at.pop(token, None)
+        self.drain_rates.forget(w)
         self._inflight_per_worker[w] = 0
         self._inflight_n[w] = 0
         self._outbox[w].clear()
@@ -490,11 +504,12 @@ class SourceCore:
         self.batches += 1
         self._flush()
         # backpressure: a worker with more than (max_inflight + outbox) batches'
-        # worth of messages unacknowledged (in flight or queued) blocks this
-        # source - the memory bound - while the others keep being fed instead of
-        # idling behind it
+        # worth of messages unacknowledged (in flight or queued) - the memory
+        # bound - or more than BACKLOG_S of its work blocks this source, while
+        # the others keep being fed instead of idling behind it
         self._batch_rows = max(self._batch_rows, n)
-        bound = (self.max_inflight + self.outbox_batches) * self._batch_rows
+        bound = self.drain_rates.bounds((self.max_inflight + self.outbox_batches)
+                                        * self._batch_rows)
         blocked = self.clock()
         while (self._outbox_n + self._inflight_n > bound).any():
             self._wait_some()
@@ -520,10 +535,11 @@ class SourceCore:
     def _flush(self) -> None:
         """Send queued sub-batches, oldest first, while the windows allow: each
         call takes what the worker's outbox holds, up to ``call_messages``
-        (always at least one sub-batch) - calls grow with the load."""
+        and ``CALL_S`` of the worker's work (always at least one sub-batch) -
+        calls grow with the load."""
         watermark = self.log.watermark(self.next_batch)
-        cap = self.call_messages
         for w, q in enumerate(self._outbox):
+            cap = self.drain_rates.call_cap(w, self.call_messages)
             while q and self._inflight_per_worker[w] < self.max_inflight:
                 entries = [q.popleft()]
                 n = len(entries[0].idx)
@@ -534,6 +550,7 @@ class SourceCore:
                 part = Part.join(self.index, self.epoch, watermark, entries)
                 token = self.transport.send(w, [part])
                 self._inflight[token] = entries
+                self._sent_at[token] = self.clock()
                 self._inflight_per_worker[w] += 1
                 self._inflight_n[w] += n
                 self.calls += 1

@@ -287,3 +287,49 @@ def test_wrr_routes_nothing_to_a_departed_worker() -> None:
     assert 1 not in w and set(np.unique(w)) == {0, 2}
     with pytest.raises(ValueError, match="capacity must be > 0"):
         g.on_capacity(0, 0.0)
+
+
+# ----------------------------------------------------------------------------- load jumps
+
+
+def _skewed_epochs(ctl: AcgController, t: float, weights: np.ndarray, epochs: int,
+                   load: float = 4000.0) -> float:
+    """``epochs`` 1 s epochs of ``load`` msgs/s spread over the VWs by
+    ``weights``, from one source; four equal workers always busy."""
+    for _ in range(epochs):
+        ctl.report_routed(0, t, t + 1.0, np.arange(len(weights)),
+                          load * weights / weights.sum())
+        t += 1.0
+        for w in range(4):
+            ctl.report(w, 1000, 1.0, t)
+        ctl.tick(t)
+    return t
+
+
+def test_a_vw_load_that_jumps_two_ticks_in_a_row_is_followed_at_once() -> None:
+    """A hot key lands on VW 0 (its load x10): the estimate starts over from the
+    new count after two ticks, instead of creeping up at ``load_tau_s``."""
+    ctl = AcgController(4, 4 * R, t0=0.0, load_tau_s=20.0)
+    even = np.ones(4 * R)
+    t = _skewed_epochs(ctl, 0.0, even, 10)
+    assert ctl.stats.load_resets == 0
+    hot = even.copy()
+    hot[0] = 10.0
+    t = _skewed_epochs(ctl, t, hot, 1)
+    assert ctl.stats.load_resets == 0  # one tick could be a burst
+    assert ctl.vw_rate is not None and ctl.vw_rate[0] < 2 * 4000.0 / even.sum()
+    t = _skewed_epochs(ctl, t, hot, 2)
+    assert ctl.stats.load_resets >= 1
+    assert ctl.vw_rate[0] == pytest.approx(4000.0 * 10.0 / hot.sum(), rel=0.02)
+
+
+def test_a_one_tick_burst_and_a_stream_that_slows_as_a_whole_move_no_estimate() -> None:
+    ctl = AcgController(4, 4 * R, t0=0.0, load_tau_s=20.0)
+    even = np.ones(4 * R)
+    burst = even.copy()
+    burst[3] = 10.0
+    t = _skewed_epochs(ctl, 0.0, even, 10)
+    t = _skewed_epochs(ctl, t, burst, 1)
+    t = _skewed_epochs(ctl, t, even, 3)
+    t = _skewed_epochs(ctl, t, even, 3, load=500.0)  # everything 8x slower
+    assert ctl.stats.load_resets == 0

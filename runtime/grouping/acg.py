@@ -21,7 +21,10 @@ signalling:
   the real engine, in the engine itself in the simulator) turns the reports
   into a table: every ``epoch_s`` it re-estimates the rates (EWMA, time
   constant ``tau_s``, reset when two samples in a row deviate by more than
-  ``jump`` - a capacity change) and the per-VW loads, and runs ``plan_table``:
+  ``jump`` - a capacity change) and the per-VW loads (EWMA, time constant
+  ``load_tau_s``, reset when a VW's count leaves its estimate by
+  ``LOAD_JUMP_Z`` standard errors and 2x, the same way two ticks in a row - a
+  hot key that moved), and runs ``plan_table``:
   the integer min-max allocation of VWs (smallest ``max_w load_w / rate_w``)
   by local search from the current table (moves, then swaps), applied only
   when the predicted bottleneck improves by at least ``min_gain``
@@ -53,7 +56,7 @@ from typing import Any
 import numpy as np
 
 from runtime.grouping.base import Clock, Grouping, register
-from runtime.grouping.porc import ProbeMemo, porc_route, validate_eps
+from runtime.grouping.porc import PorcBins, validate_eps
 
 MAX_VIRTUAL_PER_WORKER = 1000
 #: arrivals are put on a timeline of buckets this long (seconds)
@@ -68,6 +71,10 @@ NOISE_Z = 2.0
 FIRST_PLAN_S = 0.5
 #: a worker's rate sample needs at least this much busy time in its window
 MIN_BUSY_S = 0.02
+#: a VW whose routed count is this many standard errors (and at least 2x) away
+#: from its estimate, in the same direction two ticks in a row, starts over
+#: from the last tick's count: a hot key moved
+LOAD_JUMP_Z = 6.0
 
 
 # ============================================================================ the table
@@ -393,6 +400,7 @@ class AcgStats:
     moves: int = 0  # VWs moved by plans
     membership_moves: int = 0  # VWs moved by departures / joins
     rate_resets: int = 0  # capacity changes detected
+    load_resets: int = 0  # VW loads that jumped (a hot key moved)
     #: per table: (t, version, moved[, predicted gain, gain needed])
     history: list[tuple[float, ...]] = field(default_factory=list)
 
@@ -424,6 +432,7 @@ class AcgController:
         self.rates = [_Rate() for _ in range(self.n_workers)]
         self.vw_rate: np.ndarray | None = None  # msgs/s per VW (EWMA)
         self._load_seen_s = 0.0
+        self._load_pending = np.zeros(n_virtual, dtype=np.int8)  # last tick: +1 up, -1 down
         self._routed_to: dict[int, float] = {}  # per source: its load reports reach here
         self.started = False  # reports and ticks before ``start`` are ignored
         self.finished = False  # a source reached its end: no more plans
@@ -548,7 +557,9 @@ class AcgController:
         reporting = [t for t in self._routed_to.values() if now - t <= 2 * self.epoch_s]
         horizon = min(reporting, default=now)
         d = self._arrivals.bucket_s
-        for counts in self._arrivals.take_complete(horizon):
+        buckets = self._arrivals.take_complete(horizon)
+        jumped = self._load_jumps(buckets, d)
+        for counts in buckets:
             sample = counts / d
             if self.vw_rate is None:
                 if sample.sum() <= 0:
@@ -560,6 +571,33 @@ class AcgController:
             # time constant (the first samples are few and noisy)
             alpha = max(1.0 - math.exp(-d / self.load_tau_s), d / self._load_seen_s)
             self.vw_rate += alpha * (sample - self.vw_rate)
+        if jumped is not None and self.vw_rate is not None:
+            self.vw_rate[jumped] = np.sum(buckets, axis=0)[jumped] / (len(buckets) * d)
+
+    def _load_jumps(self, buckets: list[np.ndarray], d: float) -> np.ndarray | None:
+        """The VWs whose routed counts over ``buckets`` left their estimates
+        beyond counting noise: ``LOAD_JUMP_Z`` standard errors (Poisson) of the
+        count the estimate predicts - scaled to the buckets' total, so a
+        stream that slows down or speeds up as a whole moves nothing - and by
+        at least 2x, in the same direction as on the previous tick (a burst
+        does not last two ticks; a hot key that moved does). Such a VW's
+        estimate starts over from this tick's count, while the ``load_tau_s``
+        average keeps every other VW's steady."""
+        if self.vw_rate is None or not buckets or self.vw_rate.sum() <= 0:
+            return None
+        got = np.sum(buckets, axis=0)
+        if got.sum() <= 0:
+            return None
+        expect = self.vw_rate * (got.sum() / self.vw_rate.sum())
+        z = np.abs(got - expect) / np.sqrt(expect + 1.0)
+        up = (z > LOAD_JUMP_Z) & (got > 2.0 * expect)
+        down = (z > LOAD_JUMP_Z) & (got < 0.5 * expect)
+        prev = self._load_pending
+        jumped = (up & (prev > 0)) | (down & (prev < 0))
+        self._load_pending = np.where(up, 1, np.where(down, -1, 0)).astype(np.int8)
+        self._load_pending[jumped] = 0
+        self.stats.load_resets += int(jumped.sum())
+        return jumped if jumped.any() else None
 
     def _rate_vector(self) -> np.ndarray | None:
         """Every worker's rate; one not measured yet is at the mean, one that
@@ -636,6 +674,7 @@ class AcgController:
             "version": self.version, "plans": self.stats.plans, "moves": self.stats.moves,
             "membership_moves": self.stats.membership_moves,
             "rate_resets": self.stats.rate_resets,
+            "load_resets": self.stats.load_resets,
             "rates": None if rate is None else [float(x) for x in rate],
             "rate_samples": [[[round(a, 1), round(b, 3)] for a, b in self.rates[w].recent]
                              for w in range(self.n_workers)],
@@ -717,10 +756,7 @@ class AdaptiveConsistentGrouping(Grouping):
         self._alive = set(range(self.n_workers))
         self.vw_owner = initial_table(self.n_workers, self.n_virtual)
         self.version = 0
-        self.vw_loads = np.zeros(self.n_virtual, dtype=np.int64)  # only grows (probe memo)
-        self.m = 0
-        self._memo = ProbeMemo()
-        self._vw_ids = np.arange(self.n_virtual, dtype=np.int64)
+        self._porc = PorcBins(self.n_virtual, self.eps)
         self.adopted: list[tuple[float, int]] = []  # (clock, version) of every table taken
 
     @classmethod
@@ -735,13 +771,14 @@ class AdaptiveConsistentGrouping(Grouping):
 
     # -- routing ---------------------------------------------------------------
 
+    @property
+    def vw_loads(self) -> np.ndarray:
+        """Messages routed to each VW (``int64[n_virtual]``)."""
+        return self._porc.loads
+
     def route_virtual(self, key_hashes: np.ndarray) -> np.ndarray:
         """Route a micro-batch to VWs (``int64``), updating the VW loads."""
-        h = np.ascontiguousarray(key_hashes, dtype=np.uint64)
-        out = np.empty(len(h), dtype=np.int64)
-        self.m = porc_route(h, self.vw_loads, self.m, self.eps, self._memo.table,
-                            self._vw_ids, out)
-        return out
+        return self._porc.route(key_hashes, self._porc.bin_ids)
 
     def owner_of(self, vws: np.ndarray) -> np.ndarray:
         return self.vw_owner[vws]
@@ -773,12 +810,7 @@ class AdaptiveConsistentGrouping(Grouping):
     # -- membership ------------------------------------------------------------
 
     def on_workers_changed(self, alive: Sequence[int]) -> None:
-        target = {int(w) for w in alive}
-        if not target:
-            raise ValueError("alive must contain at least one worker")
-        bad = [w for w in target if not 0 <= w < self.n_workers]
-        if bad:
-            raise ValueError(f"worker ids must be in [0, {self.n_workers}) (got {bad[0]})")
+        target = self._checked_alive(alive)
         joined = target - self._alive
         self._alive = target
         owner = reassign_departed(self.vw_owner, target)
