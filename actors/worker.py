@@ -58,10 +58,6 @@ from runtime.signals import LoadSignaler, WorkerSignals
 Clock = Callable[[], float]
 
 
-#: the worker-side signal settings (``Grouping.worker_signals``), by their older name
-SignalSettings = WorkerSignals
-
-
 @dataclass
 class _Item:
     """One call's sub-batches (``Part``s), queued until processed together."""

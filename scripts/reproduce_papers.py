@@ -48,7 +48,7 @@ DEFAULT_WORDS = ROOT / "data" / "gitgit-words-1m.parquet"
 SEED = 0
 
 # --------------------------------------------------------------------------
-# The papers' own numbers (quoted from the text in /work/shared/papers/)
+# The papers' own numbers, quoted from their text (docs/reproduction.md cites them)
 # --------------------------------------------------------------------------
 
 #: CG paper, Table 1: "Normalized imbalance when varying the number of virtual

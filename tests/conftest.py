@@ -1,13 +1,18 @@
-"""Shared fixtures.
+"""Shared fixtures and fakes.
 
 ``ray_spark``: ONE real Ray cluster + RayDP Spark session for the whole test
 session (``raydp.init_spark`` costs ~10 s, so every e2e test shares it).
 Started lazily by the first test that asks for it; torn down at the end.
+
+``FakeTime`` (``from conftest import FakeTime``, or the ``fake_time``
+fixture): the one fake clock of the fast tests, for code that takes
+``clock`` / ``sleep`` (or ``wait``) callables.
 """
 
 from __future__ import annotations
 
 import os
+import threading
 
 import pytest
 
@@ -40,3 +45,45 @@ def ray_spark():
     finally:
         stop_spark()
         ray.shutdown()
+
+
+class FakeTime:
+    """A fake clock: time passes only when someone sleeps.
+
+    ``clock()`` reads ``t`` (seconds); ``sleep(s)`` advances it by ``s``, plus
+    ``overshoot_s`` (a late wake-up, as on a busy machine); a sleep overlapping
+    one of ``stop_windows`` (``[start, end)`` while the process is SIGSTOPped)
+    wakes up only after that window ends. ``wait(s)`` is ``sleep(s)`` returning
+    False: a ``threading.Event.wait`` on an event that is never set (the
+    throttler's halt). Every requested sleep is recorded in ``sleeps``. Tests
+    may set ``t`` directly. ``sleep`` is thread-safe.
+    """
+
+    def __init__(self, t: float = 1000.0, overshoot_s: float = 0.0) -> None:
+        self.t = t
+        self.overshoot_s = overshoot_s
+        self.stop_windows: list[tuple[float, float]] = []
+        self.sleeps: list[float] = []
+        self._lock = threading.Lock()
+
+    def clock(self) -> float:
+        return self.t
+
+    def sleep(self, s: float) -> None:
+        with self._lock:
+            self.sleeps.append(s)
+            end = self.t + s + self.overshoot_s
+            for a, b in self.stop_windows:  # a SIGSTOP during the sleep delays the wake-up
+                if a < end and b > self.t:
+                    end = max(end, b + 1e-6)
+            self.t = end
+
+    def wait(self, s: float) -> bool:
+        self.sleep(s)
+        return False
+
+
+@pytest.fixture
+def fake_time() -> FakeTime:
+    """A ``FakeTime`` at t = 1000 s, no overshoot, no stops."""
+    return FakeTime()

@@ -74,8 +74,10 @@ def test_feedback_hooks_accept_all_signals(name: str) -> None:
     w2 = g.route(h[1000:])
     assert w2.min() >= 0 and w2.max() < 5
     stats = g.stats()
-    assert stats["migrations"] >= 0
-    assert set(stats["signals"]) == {"increase", "decrease"}
+    assert stats["signals"] == {"increase": 5, "decrease": 5}  # every signal counted
+    # only CG acts on signals: busy worker w gives a VW to w - 1, idle since its
+    # increase (worker 0 has no one to give to); the others move nothing
+    assert stats["migrations"] == (4 if name == "cg" else 0)
 
 
 @pytest.mark.parametrize("name", ALL)

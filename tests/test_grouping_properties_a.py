@@ -419,7 +419,8 @@ def test_gedik_heavy_keys_in_table_and_migration_reported(heuristic: str) -> Non
     keys = zipf_keys(6 * window, 10_000, 1.1, seed=11)
     h = hash_keys(keys)
     g = make_grouping("gedik", n, rebuild_every=window, heuristic=heuristic)
-    w = np.concatenate([g.route(h[i : i + 1000]) for i in range(0, len(h), 1000)])
+    for i in range(0, len(h), 1000):
+        g.route(h[i : i + 1000])
     stats = g.stats()
     assert stats["rebuilds"] == 6
     # heavy keys (frequency >= delta in the last window) are in the table
@@ -438,7 +439,8 @@ def test_gedik_heavy_keys_in_table_and_migration_reported(heuristic: str) -> Non
     rehash = 1 - 1 / n  # a fresh hash moves a key with probability (n-1)/n
     assert max(fr[1:]) < rehash / 2
     assert stats["relative_migration"][-1] == pytest.approx(fr[-1] * n)
-    assert stats["migrations"] >= 0 and w.max() < n
+    # migrations: the keys moved by the rebuilds (table changes, keys leaving it)
+    assert stats["migrations"] == sum(int(e["moved_keys"]) for e in g.rebuild_log) > 0
 
 
 def make_lookup(g: object, h: np.ndarray) -> np.ndarray:

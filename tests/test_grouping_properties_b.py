@@ -10,6 +10,7 @@ import math
 
 import numpy as np
 import pytest
+from conftest import FakeTime
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -325,14 +326,6 @@ def test_cg_validates_parameters() -> None:
 # ------------------------------------------------------------------------- FISH
 
 
-class FakeClock:
-    def __init__(self) -> None:
-        self.t = 0.0
-
-    def __call__(self) -> float:
-        return self.t
-
-
 def one_hot_stream(m: int, hot_share: float, n_tail: int, seed: int) -> np.ndarray:
     rng = np.random.default_rng(seed)
     keys = rng.integers(1, n_tail + 1, size=m)
@@ -445,11 +438,11 @@ def simulate_acks(rates: list[float], n_batches: int = 1000, batch: int = 100) -
     """Sources route Zipf batches every 10 ms; worker w drains rates[w] msgs/s
     and acks what it processed. Returns (messages per worker in the second
     half, the grouping)."""
-    clk = FakeClock()
+    clk = FakeTime(0.0)
     n, dt = len(rates), 0.01
     # ring_seed=1: a ring on which worker 0 is among the hot keys' candidates
     # (with ring_seed=0 it is not, so its share cannot react to its speed)
-    g = make_grouping("fish", n, seed=1, clock=clk, ring_seed=1)
+    g = make_grouping("fish", n, seed=1, clock=clk.clock, ring_seed=1)
     rng = np.random.default_rng(0)
     p = np.arange(1, 201, dtype=np.float64) ** -1.4
     p /= p.sum()
@@ -484,8 +477,8 @@ def test_fish_learns_heterogeneity_from_ack_timings() -> None:
 
 
 def test_fish_unobserved_workers_share_a_neutral_prior() -> None:
-    clk = FakeClock()
-    g = make_grouping("fish", 3, clock=clk)
+    clk = FakeTime(0.0)
+    g = make_grouping("fish", 3, clock=clk.clock)
     assert isinstance(g, FISH)
     assert np.all(g.service_time_estimates() == g.service_time_estimates()[0])
     w = g.route(np.repeat(hash_keys(np.array([5])), 300))

@@ -1,9 +1,11 @@
 """scripts/local_cluster.py without starting Ray: node specs, the ``ray start``
 command lines (explicit, distinct ports; nothing on Ray's defaults), and that
-stopping finds and ends only processes naming this cluster's temp dirs."""
+stopping finds and ends only processes naming this cluster's temp dirs (real
+child processes and the wall clock: e2e)."""
 
 from __future__ import annotations
 
+import signal
 import subprocess
 import sys
 import time
@@ -62,6 +64,7 @@ def test_two_clusters_on_different_ports_do_not_overlap() -> None:
     assert abs(a - b) >= 10 * 10 + 100 * 10  # fixed ports and worker ranges of 10 nodes
 
 
+@pytest.mark.e2e
 def test_terminate_only_processes_naming_the_marker(tmp_path: Path) -> None:
     marker = str(tmp_path / "n1") + "/"
     mine = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", marker])
@@ -74,7 +77,7 @@ def test_terminate_only_processes_naming_the_marker(tmp_path: Path) -> None:
         pids = lc.pids_naming(marker)
         assert pids == [mine.pid]
         assert lc.terminate(pids, grace_s=5) == []
-        assert mine.wait(timeout=5) is not None
+        assert mine.wait(timeout=5) == -signal.SIGTERM  # ended by the first signal
         assert other.poll() is None
     finally:
         for p in (mine, other):

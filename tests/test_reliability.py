@@ -8,6 +8,7 @@ import collections
 
 import numpy as np
 import pyarrow as pa
+from conftest import FakeTime
 
 from actors.aggregator import AggregatorCore
 from actors.source import SourceCore
@@ -154,17 +155,6 @@ def test_fault_schedule_pops_due_faults_in_order() -> None:
 
 
 # --------------------------------------------------------------------------- whole runs
-
-
-class FakeTime:
-    def __init__(self, t: float = 1000.0) -> None:
-        self.t = t
-
-    def clock(self) -> float:
-        return self.t
-
-    def sleep(self, s: float) -> None:
-        self.t += s
 
 
 class Cluster:

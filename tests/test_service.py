@@ -4,33 +4,15 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from conftest import FakeTime
 
 from runtime.service import ServiceEmulator
 
-
-class FakeTime:
-    """A clock whose sleeps overshoot by ``overshoot_s`` and may be "stopped"."""
-
-    def __init__(self, overshoot_s: float = 0.0) -> None:
-        self.t = 100.0
-        self.overshoot_s = overshoot_s
-        self.stop_windows: list[tuple[float, float]] = []  # [start, end) process stopped
-        self.sleeps: list[float] = []
-
-    def clock(self) -> float:
-        return self.t
-
-    def sleep(self, s: float) -> None:
-        self.sleeps.append(s)
-        end = self.t + s + self.overshoot_s
-        for a, b in self.stop_windows:  # a SIGSTOP during the sleep delays the wake-up
-            if a < end and b > self.t:
-                end = max(end, b + 1e-6)
-        self.t = end
+T0 = 100.0  # the fake clock's start
 
 
 def test_finish_times_per_message() -> None:
-    ft = FakeTime()
+    ft = FakeTime(T0)
     em = ServiceEmulator(100.0, clock=ft.clock, sleep=ft.sleep)
     t0 = ft.t
     fin = em.serve(10)
@@ -40,23 +22,23 @@ def test_finish_times_per_message() -> None:
 
 
 def test_rate_matches_cost_despite_overshoot() -> None:
-    ft = FakeTime(overshoot_s=100e-6)
+    ft = FakeTime(T0, overshoot_s=100e-6)
     em = ServiceEmulator(200.0, clock=ft.clock, sleep=ft.sleep)
     t0 = ft.t
     for _ in range(200):
         em.serve(100)  # 20 ms of service each
-    elapsed = ft.t - t0
-    rate = 200 * 100 / elapsed
-    assert rate == pytest.approx(1e6 / 200.0, rel=0.02)
+    # every sleep wakes 100 us late and the next one pays it back: 4 s of service,
+    # plus only the last wake-up's lateness
+    assert ft.t - t0 == pytest.approx(200 * 100 * 200e-6 + 100e-6)
 
 
 def test_service_mode_scales_cost_by_capacity() -> None:
-    ft = FakeTime()
+    ft = FakeTime(T0)
     em = ServiceEmulator(100.0, capacity_scale=0.25, clock=ft.clock, sleep=ft.sleep)
     t0 = ft.t
     for _ in range(50):
         em.serve(100)
-    assert 50 * 100 / (ft.t - t0) == pytest.approx(0.25 * 1e4, rel=0.02)
+    assert ft.t - t0 == pytest.approx(50 * 100 * 100e-6 / 0.25)  # 400 us per message
     em.set_capacity_scale(1.0)
     assert em.cost_s == pytest.approx(100e-6)
 
@@ -64,7 +46,7 @@ def test_service_mode_scales_cost_by_capacity() -> None:
 @pytest.mark.parametrize("duty", [0.7, 0.3, 0.1])
 def test_stopped_time_is_not_service(duty: float) -> None:
     """A 100 ms SIGSTOP duty cycle: the achieved rate is ``duty`` of full rate."""
-    ft = FakeTime(overshoot_s=60e-6)
+    ft = FakeTime(T0, overshoot_s=60e-6)
     period = 0.1
     ft.stop_windows = [(ft.t + k * period + duty * period, ft.t + (k + 1) * period)
                        for k in range(400)]
@@ -74,10 +56,16 @@ def test_stopped_time_is_not_service(duty: float) -> None:
     while ft.t - t0 < 20.0:
         em.serve(100)
         n += 100
-    rate = n / (ft.t - t0)
+    elapsed = ft.t - t0
+    rate = n / elapsed
     # half a 1 ms slice per 100 ms stop still counts as service: +0.005
-    assert rate / 5000.0 == pytest.approx(duty + 0.005, abs=0.005)
-    assert em.stopped_s == pytest.approx((1 - duty) * (ft.t - t0), rel=0.1)
+    assert rate / 5000.0 == pytest.approx(duty + 0.005, abs=0.001)
+    # every second is service or a stop, but for the last wake-up's lateness
+    assert elapsed - n * 200e-6 - em.stopped_s == pytest.approx(60e-6, abs=1e-9)
+    # the stops it guessed: the real ones, less under a slice (the bonus) per stop
+    stops = [(a, min(b, ft.t)) for a, b in ft.stop_windows if a < ft.t]
+    missed = sum(b - a for a, b in stops) - em.stopped_s
+    assert 0 < missed < len(stops) * em.slice_s
 
 
 def _stopped_clock(ft: FakeTime):
@@ -91,7 +79,7 @@ def test_published_stopped_time_is_exact_and_late_wake_ups_are_service(duty: flo
     ``duty`` of full rate (no half-slice bonus), and a wake-up 2 ms late (a
     busy CPU, another thread holding the GIL) is not taken for a stop -
     guessing from the overshoot would lose that time."""
-    ft = FakeTime(overshoot_s=2e-3)
+    ft = FakeTime(T0, overshoot_s=2e-3)
     period = 0.1
     ft.stop_windows = [(ft.t + k * period + duty * period, ft.t + (k + 1) * period)
                        for k in range(400)]
@@ -101,18 +89,24 @@ def test_published_stopped_time_is_exact_and_late_wake_ups_are_service(duty: flo
     while ft.t - t0 < 20.0:
         em.serve(100)
         n += 100
-    rate = n / (ft.t - t0)
-    assert rate / 5000.0 == pytest.approx(duty, abs=0.002)
+    elapsed = ft.t - t0
+    # exactly the stopped time the throttler published, none of the 2 ms late wake-ups
+    assert em.stopped_s == pytest.approx(_stopped_clock(ft)(), abs=1e-9)
+    assert 0 <= elapsed - n * 200e-6 - em.stopped_s <= 2e-3 + 1e-9  # the last one's
+    # (the stream ends within a 20 ms serve of a period boundary: +-0.001)
+    assert n / elapsed / 5000.0 == pytest.approx(duty, abs=0.001)
     guessed = ServiceEmulator(200.0, clock=ft.clock, sleep=ft.sleep)
     t1 = ft.t
     ft.stop_windows = []
     for _ in range(50):
         guessed.serve(100)
-    assert 5000 / (ft.t - t1) < 0.75 * 5000.0  # every late wake-up counted as a stop
+    # every 1 ms slice wakes 2 ms late, all taken for a stop: a third of full rate
+    assert 5000 / (ft.t - t1) / 5000.0 == pytest.approx(1 / 3, abs=0.02)
+    assert guessed.stopped_s == pytest.approx(ft.t - t1 - 50 * 100 * 200e-6, abs=2e-3)
 
 
 def test_zero_service_time_does_not_sleep() -> None:
-    ft = FakeTime()
+    ft = FakeTime(T0)
     em = ServiceEmulator(0.0, clock=ft.clock, sleep=ft.sleep)
     fin = em.serve(5)
     assert list(fin) == [ft.t] * 5 and ft.sleeps == []

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-import threading
+import time
 from types import SimpleNamespace
 
 import numpy as np
@@ -17,19 +17,6 @@ from runtime.operators import WorkerApp, builtin_operator
 from runtime.reliability import Part
 
 
-class FakeTime:
-    def __init__(self, t: float = 1000.0) -> None:
-        self.t = t
-        self.lock = threading.Lock()
-
-    def clock(self) -> float:
-        return self.t
-
-    def sleep(self, s: float) -> None:
-        with self.lock:
-            self.t += s
-
-
 def test_metric_names_and_tags_are_valid() -> None:
     for name, spec in METRICS.items():
         assert re.fullmatch(r"hs_[a-z0-9_]+", name), name
@@ -40,8 +27,8 @@ def test_metric_names_and_tags_are_valid() -> None:
             assert list(spec.boundaries) == sorted(spec.boundaries) and spec.boundaries[0] > 0
 
 
-def test_worker_metrics_from_snapshots() -> None:
-    ft = FakeTime()
+def test_worker_metrics_from_snapshots(fake_time) -> None:
+    ft = fake_time
     core = WorkerCore(0, WorkerApp(builtin_operator("wordcount")), service_us=100.0,
                       capacity=0.5, queue_batches=4, queue_capacity_batches=2,
                       clock=ft.clock, sleep=ft.sleep, t0=ft.t)
@@ -57,21 +44,22 @@ def test_worker_metrics_from_snapshots() -> None:
     t0 = ft.t
     assert core.step(timeout=0) and core.step(timeout=0)  # ~2 x 1000 x 100 us
     t1, t2 = items[0].ack["done_ts"], items[1].ack["done_ts"]
-    assert t2 == ft.t and 0.15 < t2 - t0 < 0.25
+    assert t2 == ft.t  # 1000 messages of 100 us each
+    assert (t1 - t0, t2 - t0) == (pytest.approx(0.1), pytest.approx(0.2))
     for it in items:
         tm.batch_done(it.ack)
     tm.tick()
     assert sink.total("hs_worker_processed", run="demo-1", actor="worker-0") == 2000
     assert sink.last("hs_worker_rate") == pytest.approx(2000 / (t2 - t0))
-    # 2 batches in the system until t1, then 1 until t2; capacity 2 batches
-    u = (2 * (t1 - t0) + (t2 - t1)) / (t2 - t0) / 2
-    assert sink.last("hs_worker_utilization") == pytest.approx(u) and 0.6 < u < 0.9
+    # 2 batches in the system for 0.1 s, then 1 for 0.1 s; capacity 2 batches
+    assert sink.last("hs_worker_utilization") == pytest.approx((2 * 0.1 + 0.1) / 0.2 / 2)
     assert sink.last("hs_worker_busy") == pytest.approx(1.0)
     assert sink.last("hs_worker_stopped") == 0.0
     assert sink.last("hs_worker_queue_batches") == 0
-    # latencies spread evenly over (0, t2 - t0]: 2% bins
-    assert sink.last("hs_worker_latency_p50_seconds") == pytest.approx((t2 - t0) / 2, rel=0.04)
-    assert sink.last("hs_worker_latency_p99_seconds") == pytest.approx(t2 - t0, rel=0.04)
+    # latencies 0.1, 0.2, ..., 200 ms (both batches emitted at t0): the 1,000th is
+    # 100 ms, the 1,980th 198 ms; a percentile is the geometric middle of its 2% bin
+    assert sink.last("hs_worker_latency_p50_seconds") == pytest.approx(0.1, rel=0.01)
+    assert sink.last("hs_worker_latency_p99_seconds") == pytest.approx(0.198, rel=0.01)
     batch_lat = [v for n, v, _ in sink.records if n == "hs_worker_batch_latency_seconds"]
     assert batch_lat == pytest.approx([items[0].ack["lat_sum_s"] / 1000,
                                        items[1].ack["lat_sum_s"] / 1000])
@@ -162,7 +150,16 @@ def test_thread_ticks_and_final_update() -> None:
     tm = SourceTelemetry(core, "r", "source-0", sink=sink, tick_s=0.01)
     tm.start()
     core.routed = core.acked = 7
-    tm.stop()  # ticks once more after the thread ended
+    deadline = time.monotonic() + 10  # the thread's own ticks, every 10 ms, report it
+    while sink.total("hs_source_routed") != 7 and time.monotonic() < deadline:
+        time.sleep(0.002)
     assert sink.total("hs_source_routed") == 7
+    tm.stop()
+    # an hour between ticks: only start() and stop() tick
+    slow = SourceTelemetry(core, "r", "source-1", sink=sink, tick_s=3600.0)
+    slow.start()
+    core.routed = core.acked = 9
+    slow.stop()  # ticks once more after the thread ended
+    assert sink.total("hs_source_routed", actor="source-1") == 9
     assert telemetry.ray_system_config() in ({}, {"metrics_report_interval_ms":
                                                   telemetry.REPORT_INTERVAL_MS})

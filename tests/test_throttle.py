@@ -1,4 +1,8 @@
-"""Duty-cycle throttler: signal sequence with a fake kill, schedule, never leave a stop."""
+"""Duty-cycle throttler: signal sequence with a fake kill, schedule, never leave a stop.
+
+Fake clock and fake kill, except ``test_real_process_is_stopped_and_always_resumed``
+(a real child process and the wall clock: e2e).
+"""
 
 from __future__ import annotations
 
@@ -7,9 +11,11 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
+from conftest import FakeTime
 
 from actors import throttle as throttle_mod
 from actors.throttle import CpulimitThrottler, DutyCycleThrottler, StoppedClock, ThrottleError
@@ -33,22 +39,10 @@ class FakeKill:
         self.calls.append((round(self.clock(), 6), pid, signal.Signals(sig).name))
 
 
-class FakeClock:
-    def __init__(self) -> None:
-        self.t = 0.0
-
-    def __call__(self) -> float:
-        return self.t
-
-    def wait(self, s: float) -> bool:
-        self.t += s
-        return False
-
-
 def test_cycle_stops_each_pid_for_its_share_of_the_period() -> None:
-    clk = FakeClock()
-    kill = FakeKill(clk)
-    th = DutyCycleThrottler(0.1, clock=clk, kill=kill)
+    clk = FakeTime(0.0)
+    kill = FakeKill(clk.clock)
+    th = DutyCycleThrottler(0.1, clock=clk.clock, kill=kill)
     th.set_capacity(11, 0.3)
     th.set_capacity(12, 0.7)
     th.set_capacity(13, 1.0)  # full speed: never signalled during cycles
@@ -67,7 +61,7 @@ def test_cycle_stops_each_pid_for_its_share_of_the_period() -> None:
 def test_stopped_time_is_published_before_each_sigcont() -> None:
     """A worker reads exactly how long it was stopped (not a late wake-up's
     guess): the total is written before the SIGCONT that ends each stop."""
-    clk = FakeClock()
+    clk = FakeTime(0.0)
     reads: list[float] = []
     clock11 = StoppedClock(11)
 
@@ -75,7 +69,7 @@ def test_stopped_time_is_published_before_each_sigcont() -> None:
         if sig == signal.SIGCONT and pid == 11:
             reads.append(clock11())  # what the process sees when it runs again
 
-    th = DutyCycleThrottler(0.1, clock=clk, kill=kill)
+    th = DutyCycleThrottler(0.1, clock=clk.clock, kill=kill)
     th.set_capacity(11, 0.3)
     assert StoppedClock(11)() == 0.0  # published at 0 before the first stop
     for _ in range(3):
@@ -89,9 +83,9 @@ def test_stopped_time_is_published_before_each_sigcont() -> None:
 
 
 def test_schedule_applies_changes_at_their_time() -> None:
-    clk = FakeClock()
-    kill = FakeKill(clk)
-    th = DutyCycleThrottler(0.1, clock=clk, kill=kill)
+    clk = FakeTime(0.0)
+    kill = FakeKill(clk.clock)
+    th = DutyCycleThrottler(0.1, clock=clk.clock, kill=kill)
     th.set_capacity(5, 1.0)
     th.schedule([(0.2, 5, 0.5), (0.4, 5, 1.0)], t0=0.0)
     for _ in range(6):
@@ -102,36 +96,58 @@ def test_schedule_applies_changes_at_their_time() -> None:
 
 
 def test_vanished_process_is_forgotten() -> None:
-    clk = FakeClock()
-    kill = FakeKill(clk)
-    th = DutyCycleThrottler(0.1, clock=clk, kill=kill)
+    clk = FakeTime(0.0)
+    kill = FakeKill(clk.clock)
+    th = DutyCycleThrottler(0.1, clock=clk.clock, kill=kill)
     th.set_capacity(7, 0.5)
     kill.gone.add(7)
     th.cycle(clk.wait)
     assert 7 not in th.capacities
 
 
+class _FakeHalt(threading.Event):
+    """The throttler's halt event on a fake clock: ``wait`` advances the clock."""
+
+    def __init__(self, clk: FakeTime) -> None:
+        super().__init__()
+        self.clk = clk
+
+    def wait(self, timeout: float | None = None) -> bool:
+        if not self.is_set():
+            assert timeout is not None
+            self.clk.sleep(timeout)
+        return self.is_set()
+
+
 def test_error_in_thread_still_resumes_everything() -> None:
-    sent: list[tuple[int, int]] = []
-    state = {"n": 0}
+    """The throttler's own thread dies of an error in its 3rd SIGSTOP: the error
+    is kept, the thread ends, and the process it stopped is resumed by the
+    thread itself (before anyone calls ``stop``)."""
+    clk = FakeTime(0.0)
+    sent: list[tuple[float, int, int]] = []
 
     def kill(pid: int, sig: int) -> None:
-        sent.append((pid, sig))
-        state["n"] += 1
-        if sig == signal.SIGSTOP and state["n"] > 3:
+        sent.append((clk.t, pid, sig))
+        if sig == signal.SIGSTOP and len(sent) > 3:
             raise PermissionError("boom")
 
-    th = DutyCycleThrottler(0.02, kill=kill)
+    th = DutyCycleThrottler(0.02, clock=clk.clock, kill=kill)
+    th._halt = _FakeHalt(clk)
     th.set_capacity(21, 0.5)
     th.start()
-    deadline = time.time() + 5
-    while th.error is None and time.time() < deadline:
-        time.sleep(0.01)
-    th.stop()
+    assert th._thread is not None
+    th._thread.join(timeout=10)
+    assert not th._thread.is_alive()  # it ended on its own
     assert isinstance(th.error, PermissionError)
-    assert sent[-1] == (21, signal.SIGCONT)
+    stop, cont = signal.SIGSTOP, signal.SIGCONT
+    # stop at 10 ms, resume at 20, stop at 30, resume at 40, stop at 50 (fails): resumed
+    assert sent == [(pytest.approx(0.01), 21, stop), (pytest.approx(0.02), 21, cont),
+                    (pytest.approx(0.03), 21, stop), (pytest.approx(0.04), 21, cont),
+                    (pytest.approx(0.05), 21, stop), (pytest.approx(0.05), 21, cont)]
+    th.stop()
 
 
+@pytest.mark.e2e
 def test_real_process_is_stopped_and_always_resumed() -> None:
     """A real child process: it is stopped part of the time, and running after stop()."""
     child = subprocess.Popen([sys.executable, "-c", "import time\nwhile True: time.sleep(0.01)"])
@@ -145,7 +161,10 @@ def test_real_process_is_stopped_and_always_resumed() -> None:
                     seen_stopped = True
                     break
             assert seen_stopped
-        time.sleep(0.05)
+        # stop() sent SIGCONT: the child leaves the stopped state (within 2 s)
+        deadline = time.monotonic() + 2.0
+        while _state(child.pid) == "T" and time.monotonic() < deadline:
+            time.sleep(0.005)
         assert _state(child.pid) in ("S", "R")
     finally:
         os.kill(child.pid, signal.SIGCONT)

@@ -29,9 +29,14 @@ def test_defaults_are_valid() -> None:
     assert t.input.generated
 
 
+def test_shipped_topologies_are_found() -> None:
+    """The next test is parametrized by a glob: an empty one would skip, not fail."""
+    assert {"demo.yaml", "wordcount-hetero.yaml"} <= {p.name for p in TOPOLOGIES}
+
+
 @pytest.mark.parametrize("path", TOPOLOGIES, ids=lambda p: p.name)
 def test_shipped_topologies_validate_with_their_input(path: Path) -> None:
-    load_topology(path, check_input=True)
+    load_topology(path, check_input=True)  # raises TopologyError on any problem
 
 
 @pytest.mark.parametrize(
