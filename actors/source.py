@@ -12,14 +12,13 @@ in one actor call instead of one per micro-batch; each sub-batch of a call is
 acknowledged to the grouping as its own. A stopped or slow worker blocks its
 source only once it has more than ``max_inflight + outbox`` (``outbox``
 defaults to ``max_inflight``) batches' worth of messages unacknowledged, in
-flight or queued - bounded memory, never a growing pile - or more than
-``BACKLOG_S`` (0.5 s) of its work, and until then the other workers keep being
-fed instead of idling behind it (head-of-line blocking: a worker stopped by the
-duty-cycle throttler for 70 ms would otherwise stall every worker of that
-source). A call holds at most ``CALL_S`` (0.1 s) of the worker's work too: the
-source measures from its acks how fast each worker drains its messages
-(``runtime.backpressure``), so a slow worker's backlog, calls and feedback are
-as short in time as a fast one's.
+flight or queued - bounded memory, never a growing pile - and until then the
+other workers keep being fed instead of idling behind it (head-of-line
+blocking: a worker stopped by the duty-cycle throttler for 70 ms would
+otherwise stall every worker of that source). A call holds at most ``CALL_S``
+(0.1 s) of the worker's work too: the source measures from its acks how fast
+each worker drains its messages (``runtime.backpressure``), so a slow
+worker's calls, acks and load reports are as frequent as a fast one's.
 Every ack goes to ``grouping.on_ack(worker, signal, acked)`` as soon as it is
 seen: CG moves virtual workers on piggybacked signals, FISH learns service
 times from ack timings through the grouping's clock. The source never reads
@@ -189,8 +188,8 @@ class SourceCore:
         self.lat_sum_s = 0.0
         self._inflight: dict[Any, list[Entry]] = {}  # token -> the call's sub-batches
         self._sent_at: dict[Any, float] = {}  # token -> when the call was sent
-        #: how fast each worker drains this source's messages: bounds its backlog
-        #: and its calls in seconds of work, not only in messages
+        #: how fast each worker drains this source's messages: caps its calls
+        #: in seconds of work, not only in messages
         self.drain_rates = DrainRates(self.n_workers)
         self._inflight_per_worker = np.zeros(self.n_workers, dtype=np.int64)
         self._inflight_n = np.zeros(self.n_workers, dtype=np.int64)  # their messages
@@ -504,12 +503,11 @@ class SourceCore:
         self.batches += 1
         self._flush()
         # backpressure: a worker with more than (max_inflight + outbox) batches'
-        # worth of messages unacknowledged (in flight or queued) - the memory
-        # bound - or more than BACKLOG_S of its work blocks this source, while
-        # the others keep being fed instead of idling behind it
+        # worth of messages unacknowledged (in flight or queued) blocks this
+        # source - the memory bound - while the others keep being fed instead of
+        # idling behind it
         self._batch_rows = max(self._batch_rows, n)
-        bound = self.drain_rates.bounds((self.max_inflight + self.outbox_batches)
-                                        * self._batch_rows)
+        bound = (self.max_inflight + self.outbox_batches) * self._batch_rows
         blocked = self.clock()
         while (self._outbox_n + self._inflight_n > bound).any():
             self._wait_some()

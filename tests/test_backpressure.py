@@ -2,18 +2,16 @@
 
 import math
 
-import numpy as np
 import pyarrow as pa
 import pytest
 
 from actors.source import SourceCore
-from runtime.backpressure import BACKLOG_S, CALL_S, MIN_BACKLOG, DrainRates
+from runtime.backpressure import CALL_S, DrainRates
 from runtime.grouping import make_grouping
 
 
-def test_unmeasured_workers_get_the_message_bounds():
+def test_unmeasured_workers_get_call_messages():
     d = DrainRates(3)
-    assert d.bounds(4000).tolist() == [4000, 4000, 4000]
     assert d.call_cap(1, 8192) == 8192
 
 
@@ -22,9 +20,8 @@ def test_first_call_sets_the_rate_from_send_to_ack():
     d.acked(0, 500, sent_at=10.0, now=10.5)  # 500 messages in 0.5 s
     assert d.rate[0] == pytest.approx(1000.0)
     assert d.rate[1] == 0.0
-    # 0.5 s of work at 1,000/s, the other worker unmeasured
-    assert d.bounds(4000).tolist() == [int(1000 * BACKLOG_S), 4000]
-    assert d.call_cap(0, 8192) == int(1000 * CALL_S)
+    assert d.call_cap(0, 8192) == int(1000 * CALL_S)  # 0.1 s of work at 1,000/s
+    assert d.call_cap(1, 8192) == 8192
 
 
 def test_a_call_queued_behind_another_is_timed_from_the_previous_ack():
@@ -43,11 +40,10 @@ def test_the_estimate_moves_by_the_time_weight_of_the_sample():
     assert d.rate[0] == pytest.approx(1000.0 + alpha * (250.0 - 1000.0))
 
 
-def test_bounds_are_clipped_to_the_floor_and_the_message_bound():
+def test_call_caps_are_clipped_to_one_message_and_call_messages():
     d = DrainRates(2)
-    d.acked(0, 1, sent_at=0.0, now=1.0)  # 1 msg/s: 0.5 messages of backlog
-    d.acked(1, 10**6, sent_at=0.0, now=1.0)  # fast: far above the memory bound
-    assert d.bounds(4000).tolist() == [MIN_BACKLOG, 4000]
+    d.acked(0, 1, sent_at=0.0, now=1.0)  # 1 msg/s: 0.1 messages of work per call
+    d.acked(1, 10**6, sent_at=0.0, now=1.0)  # fast: far above call_messages
     assert d.call_cap(0, 8192) == 1
     assert d.call_cap(1, 8192) == 8192
 
@@ -61,22 +57,22 @@ def test_empty_or_instant_acks_change_nothing_and_forget_resets():
     assert d.rate[0] > 0
     d.forget(0)
     assert d.rate[0] == 0.0
-    assert d.bounds(100).tolist() == [100]
+    assert d.call_cap(0, 100) == 100
     d.acked(0, 10, sent_at=0.0, now=0.5)  # the old last-ack time is gone too
     assert d.rate[0] == pytest.approx(20.0)
 
 
-def test_source_blocks_a_slow_worker_at_its_time_bound():
-    """A source whose worker 1 drains 10x slower keeps ~BACKLOG_S of its work
-    unacknowledged, not the memory bound."""
+def test_a_slow_workers_calls_hold_call_s_of_its_work():
+    """Worker 1 drains 10x slower: once measured, the source's calls to it hold
+    ~CALL_S of its work; worker 0's are capped at its own, 10x larger."""
     now = [0.0]
-    served = {0: 2000.0, 1: 200.0}  # msgs/s
+    served = {0: 20000.0, 1: 2000.0}  # msgs/s
 
     class Transport:
         def __init__(self):
             self.calls = {}
             self.busy_until = {0: 0.0, 1: 0.0}
-            self.peak = np.zeros(2, dtype=np.int64)
+            self.sizes = {0: [], 1: []}
             self.n = 0
 
         def send(self, w, parts):
@@ -85,6 +81,7 @@ def test_source_blocks_a_slow_worker_at_its_time_bound():
             self.busy_until[w] = start + n / served[w]
             self.n += 1
             self.calls[self.n] = (w, n, self.busy_until[w])
+            self.sizes[w].append(n)
             return self.n
 
         def wait(self, tokens, timeout):
@@ -100,18 +97,14 @@ def test_source_blocks_a_slow_worker_at_its_time_bound():
             return out
 
     tr = Transport()
-    g = make_grouping("sg", 2, seed=0)
-    src = SourceCore(0, g, tr, n_workers=2, max_inflight=2, clock=lambda: now[0])
-    peak = np.zeros(2, dtype=np.int64)
-    for b in range(60):
+    src = SourceCore(0, make_grouping("sg", 2, seed=0), tr, n_workers=2, max_inflight=2,
+                     outbox=40, clock=lambda: now[0])
+    for _ in range(200):
         src.send_batch(pa.table({"key": [f"k{i}" for i in range(100)]}))
-        if b >= 10:  # once the first acks have measured the workers
-            peak = np.maximum(peak, src._inflight_n + src._outbox_n)
     src.drain()
-    assert src.acked == 6000
-    rate1 = src.drain_rates.rate[1]
-    assert rate1 == pytest.approx(served[1], rel=0.05)
-    # the slow worker: about BACKLOG_S of work (plus the batch routed before
-    # the check); the memory bound would be 4 batches = 400 messages
-    assert peak[1] <= served[1] * BACKLOG_S + 100
-    assert peak[1] < 400
+    assert src.acked == 20000
+    assert src.drain_rates.rate[1] == pytest.approx(served[1], rel=0.05)
+    # without the cap the slow worker's calls grow to its whole outbox
+    late = tr.sizes[1][len(tr.sizes[1]) // 2:]
+    assert max(late) <= served[1] * CALL_S * 1.05 + 50  # + one sub-batch
+    assert max(tr.sizes[0]) > 3 * max(late)
