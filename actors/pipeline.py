@@ -225,7 +225,8 @@ def run_pipeline(
         sig = scheme.worker_signals(topo.grouping_params())  # None: workers do not signal
         inactive = faults_mod.not_yet_added(topo)
         coordinator = (scheme.coordinator(n, topo.grouping_params(),
-                                          alive=[w for w in range(n) if w not in inactive])
+                                          alive=[w for w in range(n) if w not in inactive],
+                                          sources=topo.sources)
                        if scheme.coordinated else None)
         Agg = aggregator_mod.actor_class()
         agg = Agg.options(name="aggregator", namespace=namespace,

@@ -333,3 +333,35 @@ def test_a_one_tick_burst_and_a_stream_that_slows_as_a_whole_move_no_estimate() 
     t = _skewed_epochs(ctl, t, even, 3)
     t = _skewed_epochs(ctl, t, even, 3, load=500.0)  # everything 8x slower
     assert ctl.stats.load_resets == 0
+
+
+def test_the_first_loads_wait_for_every_sources_first_report() -> None:
+    """Workers report first (0.5 s), then the two sources (0.55 s, 0.6 s): the
+    first load estimate holds both sources' counts from the run's start - no
+    bucket is taken before a source has reported - and the first plan comes
+    with it, not a report interval later."""
+    ctl = AcgController(2, 2 * R, t0=0.0, sources=2)
+    ids = np.arange(2 * R)
+    a = np.where(ctl.owner == 0, 3.0, 1.0) * 10  # worker 0's VWs 3x as loaded
+    b = a * 2
+    for w, rate in ((0, 1000), (1, 1000)):
+        ctl.report(w, rate // 2, 0.5, 0.5)
+    assert ctl.tick(0.5) is None
+    ctl.report_routed(0, 0.0, 0.55, ids, a)
+    assert ctl.tick(0.55) is None and ctl.vw_rate is None  # source 1 still to come
+    ctl.report_routed(1, 0.0, 0.6, ids, b)
+    table = ctl.tick(0.6)
+    assert ctl.vw_rate == pytest.approx(a / 0.55 + b / 0.6)
+    assert table is not None and ctl.stats.plans == 1
+    assert np.bincount(table.owner, minlength=2)[0] < R  # worker 0 sheds VWs
+
+
+def test_a_source_that_never_reports_is_waited_for_two_epochs_at_most() -> None:
+    ctl = AcgController(2, 2 * R, t0=0.0, sources=2)
+    ids = np.arange(2 * R)
+    for t in (0.5, 1.0, 1.5, 2.0):
+        ctl.report_routed(0, t - 0.5, t, ids, np.ones(2 * R))
+        for w in (0, 1):
+            ctl.report(w, 250, 0.5, t)
+        ctl.tick(t)
+        assert (ctl.vw_rate is None) == (t < 2.0)

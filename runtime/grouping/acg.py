@@ -418,8 +418,11 @@ class AcgController:
     def __init__(self, n_workers: int, n_virtual: int, *, epoch_s: float = 1.0,
                  tau_s: float = 2.0, load_tau_s: float = 4.0, jump: float = 0.25,
                  min_gain: float = 0.02, alive: Iterable[int] | None = None,
-                 t0: float | None = None) -> None:
+                 t0: float | None = None, sources: int | None = None) -> None:
         self.n_workers = int(n_workers)
+        #: the run's sources, if known: the first loads wait for each one's
+        #: first report (for at most two epochs: a source may die before it)
+        self.sources = None if sources is None else int(sources)
         self.n_virtual = int(n_virtual)
         self.epoch_s = float(epoch_s)
         self.tau_s = float(tau_s)
@@ -554,6 +557,11 @@ class AcgController:
         (one silent for two epochs - done, or dead - does not hold the others
         back) reported past it."""
         self._last_tick = now
+        if not self._routed_to:  # no source reported yet: no bucket is complete
+            return
+        if (self.sources is not None and len(self._routed_to) < self.sources
+                and now - self.t0 < 2 * self.epoch_s):
+            return  # a source's first report is still on its way
         reporting = [t for t in self._routed_to.values() if now - t <= 2 * self.epoch_s]
         horizon = min(reporting, default=now)
         d = self._arrivals.bucket_s
@@ -761,12 +769,12 @@ class AdaptiveConsistentGrouping(Grouping):
 
     @classmethod
     def coordinator(cls, n_workers: int, params: dict[str, Any],
-                    alive: Iterable[int] | None = None, t0: float | None = None
-                    ) -> AcgController:
+                    alive: Iterable[int] | None = None, t0: float | None = None,
+                    sources: int | None = None) -> AcgController:
         """The controller for a run of this scheme with ``params`` (validated
         here as the grouping validates them)."""
         g = cls(n_workers, **params)
-        return AcgController(n_workers, g.n_virtual, alive=alive, t0=t0,
+        return AcgController(n_workers, g.n_virtual, alive=alive, t0=t0, sources=sources,
                              **g.controller_params)
 
     # -- routing ---------------------------------------------------------------

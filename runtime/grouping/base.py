@@ -74,10 +74,12 @@ class Grouping(ABC):
 
     @classmethod
     def coordinator(cls, n_workers: int, params: dict[str, Any],
-                    alive: Any = None, t0: float | None = None) -> Any:
+                    alive: Any = None, t0: float | None = None,
+                    sources: int | None = None) -> Any:
         """The run-wide controller this scheme needs (ACG's ``AcgController``:
         fed by workers' reports, it publishes the sources' table), or None.
-        ``t0``: when the run starts (else its ``start(t0)`` is called then)."""
+        ``t0``: when the run starts (else its ``start(t0)`` is called then);
+        ``sources``: how many sources report to it."""
         return None
 
     def vw_per_worker(self) -> np.ndarray | None:
