@@ -39,6 +39,7 @@ from actors import aggregator as aggregator_mod
 from actors import cluster as cluster_mod
 from actors import faults as faults_mod
 from actors import source as source_mod
+from actors import stream_input as stream_mod
 from actors import telemetry
 from actors import throttle as throttle_mod
 from actors import worker as worker_mod
@@ -49,8 +50,8 @@ from runtime.input_check import SHARD_BLOCK_ROWS
 from runtime.latency import LatencyHistogram
 from runtime.metrics import replication
 from runtime.placement import actor_options
-from runtime.report import write_run
-from runtime.topology import Topology
+from runtime.report import write_result, write_run
+from runtime.topology import Topology, TopologyError
 
 POLL_S = 0.25
 
@@ -93,8 +94,54 @@ def shard_block_rows(topo: Topology) -> int:
     return int(min(SHARD_BLOCK_ROWS, max(1000, math.ceil(hint / (4 * topo.sources)))))
 
 
+class StopRequests:
+    """A live stream's stop conditions: SIGINT / SIGTERM (the first asks for a
+    graceful stop; a second one interrupts), ``run.duration_s`` and
+    ``run.until_idle_s``. Signal handlers are installed only in the main
+    thread, and the previous ones are back on exit."""
+
+    def __init__(self) -> None:
+        self.signal: str | None = None
+        self._previous: dict[int, Any] = {}
+
+    def __enter__(self) -> StopRequests:
+        import signal
+        import threading
+
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                self._previous[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        import signal
+
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        import signal
+
+        if self.signal is not None:
+            raise KeyboardInterrupt
+        self.signal = signal.Signals(signum).name
+        print(f"\n{self.signal}: stopping - what has arrived is processed and written "
+              f"(again to interrupt)", file=sys.stderr)
+
+    def reason(self, run: Any, now_s: float, idle_s: float) -> str | None:
+        """Why to stop now (``now_s`` since the start, ``idle_s`` since the last
+        data), or ``None``."""
+        if self.signal is not None:
+            return "signal"
+        if run.duration_s is not None and now_s >= run.duration_s:
+            return "duration"
+        if run.until_idle_s is not None and idle_s >= run.until_idle_s:
+            return "idle"
+        return None
+
+
 class _Progress:
-    def __init__(self, total: int, enabled: bool) -> None:
+    def __init__(self, total: int | None, enabled: bool) -> None:
         self.bar = None
         if enabled:
             from tqdm import tqdm
@@ -103,12 +150,15 @@ class _Progress:
                             dynamic_ncols=True, desc="processed", mininterval=0.25)
         self.done = 0
 
-    def update(self, done: int, imbalance: float | None) -> None:
+    def update(self, done: int, imbalance: float | None, lag: int | None = None) -> None:
         if self.bar is not None:
             if done > self.done:
                 self.bar.update(done - self.done)
+            post = [] if lag is None else [f"lag={lag:,}"]
             if imbalance is not None:
-                self.bar.set_postfix_str(f"I(t)={imbalance:.2f}", refresh=False)
+                post.append(f"I(t)={imbalance:.2f}")
+            if post:
+                self.bar.set_postfix_str(" ".join(post), refresh=False)
         self.done = max(self.done, done)
 
     def close(self) -> None:
@@ -174,6 +224,30 @@ class _Throttling:
                 self.status[node] = {"error": repr(e)}
 
 
+class _LiveResults:
+    """A live stream's ``result.parquet``, replaced every ``every_s`` by the
+    aggregator's answer so far (``runtime.report.write_result``); the aggregator
+    is asked without blocking the driver's loop."""
+
+    def __init__(self, agg: Any, out_dir: str | Path, every_s: float, t0: float) -> None:
+        self.agg, self.out_dir, self.every_s = agg, out_dir, every_s
+        self.next_ts = t0 + every_s
+        self.pending: Any = None
+        self.written = 0
+
+    def poll(self) -> None:
+        if self.pending is not None:
+            ready, _ = ray.wait([self.pending], timeout=0)
+            if not ready:
+                return
+            write_result(self.out_dir, ray.get(self.pending))
+            self.pending = None
+            self.written += 1
+        if time.time() >= self.next_ts:
+            self.next_ts = time.time() + self.every_s
+            self.pending = self.agg.result.remote()
+
+
 def run_pipeline(
     topo: Topology,
     out_dir: str | Path,
@@ -201,20 +275,34 @@ def run_pipeline(
     # fail in seconds (exit 2) if the cluster can never host this placement
     cluster_mod.check_placement(topo, spark_cpus=session_cpus())
     t_load = time.time()
-    if df is None:
-        df = build_dataframe(spark, topo)
-    shards = to_ray_shards(df, topo.sources, block_rows=shard_block_rows(topo))
-    counts = [int(s.count()) for s in shards]
-    total = int(sum(counts))
-    if topo.sources > 1 and 0 in counts:
-        say(f"[{topo.name}] warning: uneven shards {counts} (a source has nothing to send)")
-    # heavy-hitters' result is only the top-k, an operator's anything: count the
-    # input's distinct keys instead (replication's denominator)
-    distinct_input = (int(df.select("key").distinct().count())
-                      if topo.app.kind in ("heavy-hitters", "operator") else None)
+    stops = StopRequests()
+    stream: stream_mod.LiveInput | None = None
+    distinct_input = None
+    if topo.input.stream:
+        shards: list[Any] = [None] * topo.sources  # the sources are fed micro-batches
+        total = 0
+        with stops:
+            if not stream_mod.wait_for_first_file(topo.input_path() or Path(),
+                                                  lambda: stops.signal is not None,
+                                                  topo.run.until_idle_s, say):
+                raise TopologyError(f"input.path: no file arrived in {topo.input.path!r}")
+        say(f"[{topo.name}] live stream over {topo.input.path}; actors in Ray namespace "
+            f"{namespace}")
+    else:
+        if df is None:
+            df = build_dataframe(spark, topo)
+        shards = to_ray_shards(df, topo.sources, block_rows=shard_block_rows(topo))
+        counts = [int(s.count()) for s in shards]
+        total = int(sum(counts))
+        if topo.sources > 1 and 0 in counts:
+            say(f"[{topo.name}] warning: uneven shards {counts} (a source has nothing to send)")
+        # heavy-hitters' result is only the top-k, an operator's anything: count the
+        # input's distinct keys instead (replication's denominator)
+        distinct_input = (int(df.select("key").distinct().count())
+                          if topo.app.kind in ("heavy-hitters", "operator") else None)
+        say(f"[{topo.name}] input ready: {total:,} messages in {topo.sources} shard(s), "
+            f"{time.time() - t_load:.1f} s; actors in Ray namespace {namespace}")
     load_s = time.time() - t_load
-    say(f"[{topo.name}] input ready: {total:,} messages in {topo.sources} shard(s), "
-        f"{load_s:.1f} s; actors in Ray namespace {namespace}")
 
     try:
         app = topo.app.model_dump()
@@ -269,7 +357,8 @@ def run_pipeline(
                 vw_every_s=run.slot_s, aggregator=agg, epoch=epoch,
                 dead_workers=inactive if dead is None else dead,
                 capacities=caps.initial, capacity_changes=caps.changes,
-                report_every_s=coordinator.epoch_s if coordinator is not None else 1.0)
+                report_every_s=coordinator.epoch_s if coordinator is not None else 1.0,
+                max_pending_rows=run.max_pending_rows)
             actors.append(src)
             return src
 
@@ -286,7 +375,9 @@ def run_pipeline(
             throttling = _Throttling(wspec.throttle, pids, nodes, caps.initial, changes,
                                      namespace)
 
-        bar = _Progress(total, progress)
+        if topo.input.stream:
+            stream = stream_mod.LiveInput(spark, topo, sources)
+        bar = _Progress(None if stream else total, progress)
         live = telemetry.RunTelemetry(namespace, name=topo.name, scheme=topo.grouping.scheme,
                                       app=topo.app.kind, workers=n, sources=topo.sources,
                                       messages=total)
@@ -295,6 +386,12 @@ def run_pipeline(
         if throttling is not None:
             throttling.start(t0)
         faults.start(t0, namespace)  # the sources' runs (restarted ones replace theirs)
+        if stream is not None:
+            stops.__enter__()
+            stream.start()
+        results = _LiveResults(agg, out_dir, topo.app.aggregate_every_s, t0)
+        stopped_by: str | None = None
+        lag_max = 0
         # every worker learns its capacity changes (its live metrics show them); in
         # service mode that is also how the change is applied
         pending_changes = sorted(changes)
@@ -314,11 +411,27 @@ def run_pipeline(
                 next_imb = now_s + 1.0
                 utils = faults.utilizations()
                 imb = float(max(utils) - np.mean(utils))
-            bar.update(done, imb)
-            live.update(done, imb)
+            if stream is None:
+                bar.update(done, imb)
+                live.update(done, imb)
+            else:
+                stream.check()
+                lag = max(0, stream.rows - done)
+                lag_max = max(lag_max, lag)
+                bar.update(done, imb, lag)
+                live.update(done, imb, messages=stream.rows, lag=lag)
+                results.poll()
+                if stopped_by is None:
+                    stopped_by = stops.reason(run, now_s, time.time() - (stream.last_data_ts
+                                                                         or t0))
+                    if stopped_by is not None:
+                        stream.stop()
+                        ray.get([s.end_stream.remote() for s in sources])
             if faults.finished():
                 break
         source_stats = ray.get(faults.runs)
+        if stream is not None:
+            total = stream.rows
         # the last ack, not when this loop noticed it (sources' clock: time.time)
         duration_s = max(max(s["end_ts"] for s in source_stats) - t0, 1e-9)
         bar.update(sum(s["acked"] for s in source_stats), imb)
@@ -331,6 +444,9 @@ def run_pipeline(
         agg_stats = ray.get(agg.stats.remote())
     finally:
         bar.close()
+        if stream is not None:
+            stops.__exit__()
+            stream.stop()
         if throttling is not None:
             throttling.stop()
         for a in actors:
@@ -349,6 +465,11 @@ def run_pipeline(
                                              else f"throttle-{node[:8]}")
                                       for node in throttling._targets}
     report["cluster"] = cluster_info
+    if stream is not None:
+        report["stream"] = {**stream.stats(), "stopped_by": stopped_by, "lag_max": lag_max,
+                            "results_written": results.written,
+                            "max_pending_rows": run.max_pending_rows,
+                            "max_files_per_trigger": topo.input.max_files_per_trigger}
     faults.annotate(report, source_stats, worker_stats, agg_stats)  # failures, peak RSS
     write_run(out_dir, report, ts, result)
     return {**report, "result": {"path": "result.parquet", "rows": result.num_rows}}

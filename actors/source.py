@@ -553,9 +553,23 @@ class SourceCore:
                 self._inflight_n[w] += n
                 self.calls += 1
 
-    def run(self, batches: Iterable[pa.Table], plan: ResumePlan | None = None) -> dict[str, Any]:
+    def idle(self, timeout: float) -> None:
+        """Nothing to route yet (a live stream between micro-batches): for at
+        most ``timeout`` s take acks and send what the outboxes hold, so no
+        routed message waits for the next data."""
+        if self._inflight or any(self._outbox):
+            self._wait_some(timeout)
+            self._flush()
+        else:
+            self._wait_some(0)  # load reports and notices still go on
+            self.sleep(timeout)
+
+    def run(self, batches: Iterable[pa.Table | tuple[pa.Table, float]],
+            plan: ResumePlan | None = None) -> dict[str, Any]:
         """Stream ``batches`` (the shard from its start); ``plan``: a restarted
-        source's resume plan (batches before ``plan.start_batch`` are skipped)."""
+        source's resume plan (batches before ``plan.start_batch`` are skipped).
+        A live stream's batches are ``(table, handed_ts)``: its messages'
+        latency starts when Spark handed them over."""
         start = self.clock()
         if self.t0 is None:
             self.t0 = start
@@ -567,9 +581,10 @@ class SourceCore:
             self.resume = resume = {"start_batch": plan.start_batch, "skipped_batches": 0,
                            "reread_batches": 0,
                            "skipped_messages": 0, "resent_messages": 0, "retained": 0}
-        for b, table in enumerate(batches):
+        for b, item in enumerate(batches):
             self._check_notices()
-            due = start + self.routed / self.rate if self.rate > 0 else None
+            table, handed = item if isinstance(item, tuple) else (item, None)
+            due = start + self.routed / self.rate if self.rate > 0 else handed
             if plan is not None and b <= plan.last_claimed_batch:
                 if b < plan.start_batch:
                     resume["skipped_batches"] += 1
@@ -660,6 +675,54 @@ class SourceCore:
             "joins": self.joins,
             "rerouted_messages": self.rerouted,
         }
+
+
+class StreamInbox:
+    """A live stream's micro-batches waiting at a source (thread-safe).
+
+    ``put`` blocks while ``max_rows`` rows or more are waiting (Spark's next
+    micro-batch waits with it: bounded memory when the input outpaces the
+    cluster); a table larger than the bound still goes in once the inbox is
+    empty. ``close`` ends the stream: ``get`` then returns ``None`` once the
+    inbox is empty."""
+
+    def __init__(self, max_rows: int) -> None:
+        self.max_rows = int(max_rows)
+        self.rows = 0
+        self.closed = False
+        self._q: collections.deque[tuple[pa.Table, float]] = collections.deque()
+        self._cv = threading.Condition()
+
+    def put(self, table: pa.Table, handed_ts: float) -> None:
+        with self._cv:
+            if self.closed:
+                raise RuntimeError("StreamInbox.put: the stream has ended")
+            self._cv.wait_for(lambda: self.rows == 0 or self.rows < self.max_rows)
+            self._q.append((table, handed_ts))
+            self.rows += table.num_rows
+            self._cv.notify_all()
+
+    def close(self) -> None:
+        with self._cv:
+            self.closed = True
+            self._cv.notify_all()
+
+    def get(self, timeout: float) -> tuple[pa.Table, float] | None | bool:
+        """The oldest ``(table, handed_ts)``; ``None`` at the end of the stream;
+        ``False`` if nothing came within ``timeout`` s."""
+        with self._cv:
+            if not self._cv.wait_for(lambda: self._q or self.closed, timeout):
+                return False
+            if not self._q:
+                return None
+            table, ts = self._q.popleft()
+            self.rows -= table.num_rows
+            self._cv.notify_all()
+            return table, ts
+
+
+#: a live stream's source waits this long for data before it takes acks again
+STREAM_POLL_S = 0.02
 
 
 # ============================================================================ Ray edge
@@ -776,10 +839,13 @@ class SourceActor:
                  epoch: int = 0, dead_workers: Sequence[int] = (),
                  capacities: Sequence[float] | None = None,
                  capacity_changes: Sequence[tuple[float, int, float]] = (),
-                 report_every_s: float = 1.0) -> None:
+                 report_every_s: float = 1.0, max_pending_rows: int = 100_000) -> None:
+        """``shard``: the source's Ray Dataset; ``None`` for a live stream, whose
+        micro-batches the driver hands over with ``feed``."""
         from runtime.grouping import make_grouping
 
         self.shard = shard
+        self.inbox = StreamInbox(max_pending_rows) if shard is None else None
         self.batch = int(batch)
         self.columns = [c for c in columns if c != key]  # what the app needs besides the key
         # the wall clock: tables' adoption times compare with the controller's
@@ -797,6 +863,32 @@ class SourceActor:
                                report_every_s=report_every_s)
         self._lock = threading.Lock()
 
+    def feed(self, table: pa.Table, handed_ts: float) -> int:
+        """A live stream's rows for this source (blocks while the inbox is
+        full); the rows now waiting."""
+        assert self.inbox is not None, "feed: this source reads a shard, not a stream"
+        self.inbox.put(table.select([self.core.key, *self.columns]), handed_ts)
+        return self.inbox.rows
+
+    def end_stream(self) -> None:
+        """No more micro-batches: ``run`` returns once what came is committed."""
+        if self.inbox is not None:
+            self.inbox.close()
+
+    def _stream_batches(self, inbox: StreamInbox) -> Iterator[tuple[pa.Table, float]]:
+        """The inbox's tables in batches of ``batch`` rows; between them the
+        core keeps taking acks and sending (``SourceCore.idle``)."""
+        while True:
+            got = inbox.get(timeout=0)
+            if got is False:
+                self.core.idle(STREAM_POLL_S)
+                continue
+            if got is None:
+                return
+            table, handed = got  # type: ignore[misc]
+            for off in range(0, table.num_rows, self.batch):
+                yield table.slice(off, self.batch), handed
+
     def _batches(self) -> Iterator[pa.Table]:
         """The shard in order, in batches of ``batch`` rows: the same boundaries
         on every pass, which a restarted source relies on (batch numbers)."""
@@ -813,6 +905,8 @@ class SourceActor:
         streaming; and load the compiled routing kernels (an empty batch)."""
         self.core.grouping.route(np.zeros(0, dtype=np.uint64))
         hash_arrow(pa.array([], type=pa.string()))
+        if self.inbox is not None:
+            return
         it = self._batches()
         first = next(it, None)
         self._prepared = it if first is None else itertools.chain([first], it)
@@ -827,7 +921,11 @@ class SourceActor:
                 plan = self.control.fence_source(self.core.index, self.core.epoch,
                                                  sorted(self.core.live))
             self.resumed_ts = time.time()
-            batches, self._prepared = self._prepared or self._batches(), None
+            batches: Iterable[Any]
+            if self.inbox is not None:
+                batches = self._stream_batches(self.inbox)
+            else:
+                batches, self._prepared = self._prepared or self._batches(), None
             with _LiveMetrics(self.core, run_id):
                 stats = self.core.run(batches, plan)
             stats["started_ts"] = started

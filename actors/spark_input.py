@@ -242,19 +242,18 @@ def build_dataframe(spark: Any, topo: Topology) -> Any:
     the app needs (``label`` int64 for naive-bayes; an aggregate's value
     column, an operator's ``app.columns``, with their own types).
 
+    A live stream's directory (``input.stream``) is read here as it is now:
+    every file in it (what the stream's result must equal).
+
     Raises ``TopologyError`` (one line) for a missing key/label column or an
     empty input.
     """
-    from pyspark.sql import functions as F
-
-    kind = topo.app.kind
-    with_labels = kind == "naive-bayes"
     if topo.input.generated:
         return _generated_dataframe(spark, topo, topo.app.columns_needed())
     if topo.input.format not in FILE_FORMATS:
         raise TopologyError(f"input.format: unknown format (got {topo.input.format!r})")
 
-    from runtime.input_check import no_column, no_rows, unreadable
+    from runtime.input_check import no_rows, unreadable
 
     try:
         raw = _read_file(spark, topo)
@@ -263,17 +262,35 @@ def build_dataframe(spark: Any, topo: Topology) -> Any:
         raise
     except Exception as e:  # noqa: BLE001 - Spark's AnalysisException / Py4JJavaError
         raise unreadable(topo.input.format, topo.input.path, e) from None
+    if not columns and raw.isEmpty():
+        raise no_rows(topo.input.path)
+    df = _select_input(raw, topo)
+    if topo.input.limit is not None:
+        df = df.limit(topo.input.limit)
+    if df.isEmpty():
+        with_labels = topo.app.kind == "naive-bayes"
+        raise no_rows(topo.input.path, "rows with a label" if with_labels else "rows")
+    return df
+
+
+def _select_input(raw: Any, topo: Topology) -> Any:
+    """``raw``'s columns as the workers get them (``build_dataframe``); a
+    streaming DataFrame too. One-line ``TopologyError`` for a missing column."""
+    from pyspark.sql import functions as F
+
+    from runtime.input_check import no_column
+
+    columns = raw.columns
     if "_corrupt_record" in columns and topo.input.key != "_corrupt_record":
         # Spark's PERMISSIVE reader would turn every malformed line into a row
         # with null fields: counted as null keys, silently; refuse instead
         raise TopologyError(f"input.path: malformed {topo.input.format} records in "
                             f"{topo.input.path!r} (lines that are not one JSON object each)")
-    if not columns and raw.isEmpty():
-        raise no_rows(topo.input.path)
     key_col = topo.input.key
     if key_col not in columns:
         raise no_column("input.key", key_col, topo.input.path, columns)
     cols = [F.col(f"`{key_col}`").cast("string").alias("key")]
+    with_labels = topo.app.kind == "naive-bayes"
     if with_labels:
         label_col = topo.input.label
         if label_col not in columns:
@@ -286,11 +303,31 @@ def build_dataframe(spark: Any, topo: Topology) -> Any:
     df = raw.select(*cols)
     if with_labels:
         df = df.where(F.col("label").isNotNull())
-    if topo.input.limit is not None:
-        df = df.limit(topo.input.limit)
-    if df.isEmpty():
-        raise no_rows(topo.input.path, "rows with a label" if with_labels else "rows")
     return df
+
+
+def stream_dataframe(spark: Any, topo: Topology) -> Any:
+    """A live stream (``input.stream``): Spark Structured Streaming over the
+    directory ``input.path``, as ``build_dataframe``'s columns. The schema is
+    the one of the files already there (a streaming file source needs one up
+    front: call this once the directory holds a file); each micro-batch takes at
+    most ``input.max_files_per_trigger`` new files. Files whose names start with
+    ``.`` or ``_`` are ignored: write a file under such a name and rename it
+    into place, so Spark never reads half of it."""
+    from runtime.input_check import unreadable
+
+    fmt = topo.input.format
+    try:
+        schema = _read_file(spark, topo).schema
+    except TopologyError:
+        raise
+    except Exception as e:  # noqa: BLE001 - Spark's AnalysisException / Py4JJavaError
+        raise unreadable(fmt, topo.input.path, e) from None
+    reader = (spark.readStream.format(fmt).schema(schema)
+              .option("maxFilesPerTrigger", topo.input.max_files_per_trigger))
+    if fmt == "csv":
+        reader = reader.option("header", "true")
+    return _select_input(reader.load(topo.input_uri()), topo)
 
 
 # --------------------------------------------------------------------------- Ray shards
@@ -389,5 +426,6 @@ __all__ = [
     "session_cpus",
     "start_spark",
     "stop_spark",
+    "stream_dataframe",
     "to_ray_shards",
 ]

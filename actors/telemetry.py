@@ -301,12 +301,19 @@ class RunTelemetry:
         self.messages = int(messages)
         self.update(0, None)
 
-    def update(self, acked: int, imbalance: float | None) -> None:
+    def update(self, acked: int, imbalance: float | None, *, messages: int | None = None,
+               lag: int | None = None) -> None:
+        """``messages``: the input so far (a live stream's grows); ``lag``: a live
+        stream's messages handed over and not yet processed."""
+        if messages is not None:
+            self.messages = int(messages)
         self.emit(live_metrics.RUN_INFO, 1, **self.info)
         self.emit(live_metrics.RUN_MESSAGES, self.messages)
         self.emit(live_metrics.RUN_ACKED, acked)
         if imbalance is not None:
             self.emit(live_metrics.RUN_IMBALANCE, imbalance)
+        if lag is not None:
+            self.emit(live_metrics.RUN_LAG, lag)
         self.emit(live_metrics.HEARTBEAT, self.wall())
 
 

@@ -86,6 +86,12 @@ def csv_format(key: str, label: str | None = None) -> Any:
     return ds.CsvFileFormat(convert_options=convert)
 
 
+def has_data_files(directory: Any) -> bool:
+    """Whether ``directory`` holds a file Spark reads (not hidden: ``.x``, ``_x``)."""
+    return any(f.is_file() and not f.name.startswith((".", "_"))
+               for f in directory.rglob("*"))
+
+
 def open_dataset(topo: Topology) -> Any:
     """The input file (or directory) as a ``pyarrow.dataset``; one-line errors."""
     import pyarrow.dataset as ds
@@ -97,8 +103,7 @@ def open_dataset(topo: Topology) -> Any:
         raise TopologyError(f"input.path: file not found (got {spec.path!r})")
     if path is not None and path.is_file() and path.stat().st_size == 0:
         raise no_rows(spec.path, why="empty file")
-    if path is not None and path.is_dir() and not any(
-            f.is_file() and not f.name.startswith((".", "_")) for f in path.rglob("*")):
+    if path is not None and path.is_dir() and not has_data_files(path):
         raise no_rows(spec.path, why="no data files in the directory")
     fmt: Any = spec.format
     if fmt == "csv":
@@ -129,6 +134,8 @@ def preflight(topo: Topology) -> None:
     path = topo.input_path()
     if path is None:  # a remote URI: Spark will tell
         return
+    if topo.input.stream and not has_data_files(path):
+        return  # a live stream may start empty: the run waits for the first file
     if path.is_file():
         try:
             with open(path, "rb") as f:

@@ -45,6 +45,7 @@ RUN_INFO = "hs_run_info"
 RUN_MESSAGES = "hs_run_messages"
 RUN_ACKED = "hs_run_acked"
 RUN_IMBALANCE = "hs_run_imbalance"
+RUN_LAG = "hs_run_lag"
 # every actor
 HEARTBEAT = "hs_heartbeat_seconds"
 
@@ -101,6 +102,8 @@ METRICS: dict[str, MetricSpec] = {
     RUN_ACKED: MetricSpec("gauge", "Messages processed and acknowledged so far."),
     RUN_IMBALANCE: MetricSpec(
         "gauge", "Current imbalance: max - mean of the workers' utilization."),
+    RUN_LAG: MetricSpec(
+        "gauge", "Live stream: messages Spark handed over that are not processed yet."),
     HEARTBEAT: MetricSpec(
         "gauge", "Unix time of the actor's last telemetry update (staleness check)."),
 }

@@ -78,6 +78,21 @@ def write_run(
     return out
 
 
+def write_result(out_dir: str | os.PathLike[str], result: pa.Table) -> Path:
+    """Replace ``out_dir/result.parquet`` atomically (a live stream's answer so
+    far): a reader sees the previous file or the new one, never half of one."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    tmp = out / ".result.parquet.tmp"
+    try:
+        pq.write_table(result, tmp)
+        os.replace(tmp, out / "result.parquet")
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    return out / "result.parquet"
+
+
 def summary_table(report: dict[str, Any]) -> str:
     """The final summary printed on stdout."""
     lat = report["latency_ms"]

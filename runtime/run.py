@@ -187,8 +187,11 @@ def main(argv: list[str] | None = None) -> int:
         from actors.pipeline import run_pipeline
         from actors.spark_input import build_dataframe
 
-        df = build_dataframe(spark, topo).cache() if args.verify else None
+        live = topo.input.stream
+        df = build_dataframe(spark, topo).cache() if args.verify and not live else None
         report = run_pipeline(topo, out, spark, progress=not args.no_progress, df=df)
+        if args.verify and live:  # every file that arrived, read once the stream ended
+            df = build_dataframe(spark, topo)
         verdict = verify_result(topo, df, Path(out)) if args.verify else None
     print(summary_table(report))
     print(f"\noutputs: {out}")

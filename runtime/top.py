@@ -99,6 +99,7 @@ class RunView:
     messages: float | None = None
     acked: float | None = None
     imbalance: float | None = None
+    lag: float | None = None  # a live stream's
     heartbeat: float = 0.0
     workers: dict[int, dict[str, float]] = field(default_factory=dict)
     sources: dict[int, dict[str, float]] = field(default_factory=dict)
@@ -166,6 +167,8 @@ def collect(samples: Iterable[Sample]) -> dict[str, RunView]:
             r.acked = s.value
         elif n == live_metrics.RUN_IMBALANCE:
             r.imbalance = s.value
+        elif n == live_metrics.RUN_LAG:
+            r.lag = s.value
         elif n in _WORKER:
             w = _index(actor, "worker")
             if w is not None:
@@ -244,7 +247,9 @@ def render(r: RunView, now: float, *, width: int = 100, color: bool = False,
     if imb is None:
         imb = r.imbalance
     prog = ""
-    if r.messages:
+    if r.lag is not None:  # a live stream: no total, what arrived and what waits
+        prog = f"{_num(r.acked or 0.0)} of {_num(r.messages)} arrived, lag {_num(r.lag)}   "
+    elif r.messages:
         done = r.acked or 0.0
         frac = done / r.messages
         prog = f"{_num(done)} / {_num(r.messages)} ({frac:.0%}) {bar(frac, 20)}  "

@@ -74,6 +74,11 @@ class InputSpec(_Strict):
     shift_every: PosInt | None = None
     classes: PosInt = 2  # naive-bayes generated labels
     features: PosInt = 4  # naive-bayes generated features per message
+    #: a live stream: ``path`` is a directory read by Spark Structured Streaming;
+    #: every file that lands in it is processed (README, "Streams that keep coming")
+    stream: bool = False
+    #: live stream: most new files one Spark micro-batch takes
+    max_files_per_trigger: PosInt = 8
 
     @model_validator(mode="after")
     def _path_for_files(self) -> InputSpec:
@@ -83,6 +88,17 @@ class InputSpec(_Strict):
             raise ValueError(f"input.path: not used by generated format {self.format!r}")
         if self.format == "evolving-zipf" and self.shift_every is None:
             self.shift_every = max(1, self.messages // 4)
+        if self.stream:
+            if self.format not in FILE_FORMATS:
+                raise ValueError(f"input.stream: only for files landing in a directory "
+                                 f"(format {', '.join(FILE_FORMATS)}; got format "
+                                 f"{self.format!r})")
+            if self.limit is not None:
+                raise ValueError(f"input.limit: not for a live stream (got {self.limit}); "
+                                 f"stop it with run.until_idle_s or run.duration_s")
+        elif "max_files_per_trigger" in self.model_fields_set:
+            raise ValueError("input.max_files_per_trigger: only for a live stream "
+                             "(input.stream: true)")
         return self
 
     @property
@@ -363,6 +379,13 @@ class RunSpec(_Strict):
     call_messages: PosInt = 8192
     #: worker utilization time slot (s) for load signals and time series
     slot_s: Annotated[float, Field(gt=0)] = 0.5
+    #: live stream: stop after this many seconds without new data
+    until_idle_s: Annotated[float, Field(gt=0)] | None = None
+    #: live stream: stop this many seconds after the start
+    duration_s: Annotated[float, Field(gt=0)] | None = None
+    #: live stream: most rows a source holds that it has not routed yet; Spark's
+    #: next micro-batch waits (bounded memory when input outpaces the cluster)
+    max_pending_rows: PosInt = 100_000
 
 
 def _run_name(v: str) -> str:
@@ -389,7 +412,14 @@ class Topology(_Strict):
 
     @model_validator(mode="after")
     def _cross(self) -> Topology:
+        if not self.input.stream:
+            for name in ("until_idle_s", "duration_s", "max_pending_rows"):
+                if name in self.run.model_fields_set:
+                    raise ValueError(f"run.{name}: only for a live stream (input.stream: true)")
         for i, f in enumerate(self.faults):
+            if self.input.stream and f.kill.startswith("source-"):
+                raise ValueError(f"faults.{i}.kill: restarting a source is not supported on a "
+                                 f"live stream yet (got {f.kill!r}); kill a worker")
             kind, _, idx = f.kill.partition("-")
             limit = self.workers.count if kind == "worker" else self.sources
             if int(idx) >= limit:
@@ -671,6 +701,11 @@ def load_topology(
 def check_input_exists(topo: Topology) -> None:
     p = topo.input_path()
     if p is None:
+        return
+    if topo.input.stream:
+        if not p.is_dir():
+            raise TopologyError(f"input.path: a live stream reads a directory, and "
+                                f"{topo.input.path!r} is {'a file' if p.exists() else 'not found'}")
         return
     if not p.exists():
         raise TopologyError(f"input.path: file not found (got {topo.input.path!r})")
