@@ -164,14 +164,23 @@ def _tree_raise(
 
 
 @kernel(inline=True)
+def _tree_match(
+    tree_slot: np.ndarray, tree_count: np.ndarray, node: int
+) -> None:  # pragma: no cover - compiled
+    """Replay the match at inner ``node``: the child with the smaller count
+    wins, ties to the left one (lower slots)."""
+    left = 2 * node
+    r = left + int(tree_count[left + 1] < tree_count[left])
+    tree_count[node] = tree_count[r]
+    tree_slot[node] = tree_slot[r]
+
+
+@kernel(inline=True)
 def _tree_fix(tree_slot: np.ndarray, tree_count: np.ndarray, node: int) -> None:  # pragma: no cover
     """Recompute the winners on the path from ``node``'s parent to the root."""
     while node > 1:
         node >>= 1
-        left = 2 * node
-        r = left + int(tree_count[left + 1] < tree_count[left])  # ties: left (lower slots)
-        tree_count[node] = tree_count[r]
-        tree_slot[node] = tree_slot[r]
+        _tree_match(tree_slot, tree_count, node)
 
 
 @kernel(inline=True)
@@ -259,10 +268,7 @@ def ss_reindex(
     for s in range(size, half):
         tree_count[half + s] = tree_count[0]  # the empty-slot sentinel
     for node in range(half - 1, 0, -1):
-        left = 2 * node
-        r = left + int(tree_count[left + 1] < tree_count[left])
-        tree_count[node] = tree_count[r]
-        tree_slot[node] = tree_slot[r]
+        _tree_match(tree_slot, tree_count, node)
 
 
 def tree_arrays(capacity: int, dtype: type) -> tuple[np.ndarray, np.ndarray]:

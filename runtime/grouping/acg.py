@@ -55,8 +55,13 @@ from typing import Any
 
 import numpy as np
 
-from runtime.grouping.base import Clock, Grouping, register
-from runtime.grouping.porc import PorcBins, validate_eps
+from runtime.grouping.base import Clock, register
+from runtime.grouping.porc import (
+    VirtualWorkerGrouping,
+    modulo_owner,
+    validate_eps,
+    validate_virtual_per_worker,
+)
 
 MAX_VIRTUAL_PER_WORKER = 1000
 #: arrivals are put on a timeline of buckets this long (seconds)
@@ -92,7 +97,7 @@ def initial_table(n_workers: int, n_virtual: int, alive: Iterable[int] | None = 
                   ) -> np.ndarray:
     """VW ``v`` on worker ``v mod n``; VWs of workers not in ``alive`` handed out
     by ``reassign_departed``."""
-    owner = (np.arange(n_virtual) % n_workers).astype(np.int32)
+    owner = modulo_owner(n_virtual, n_workers)
     if alive is not None:
         owner = reassign_departed(owner, set(alive))
     return owner
@@ -702,7 +707,7 @@ def _validate_positive(name: str, value: float, hi: float) -> float:
 
 
 @register
-class AdaptiveConsistentGrouping(Grouping):
+class AdaptiveConsistentGrouping(VirtualWorkerGrouping):
     """ACG grouping (source side): PoRC over VWs + the controller's table.
 
     Tunables:
@@ -747,12 +752,7 @@ class AdaptiveConsistentGrouping(Grouping):
     ) -> None:
         super().__init__(n_workers, seed, clock)
         self.eps = validate_eps(eps)
-        r = virtual_per_worker
-        if not (isinstance(r, (int, np.integer)) and not isinstance(r, bool)
-                and 1 <= r <= MAX_VIRTUAL_PER_WORKER):
-            raise ValueError(f"virtual_per_worker must be an int in "
-                             f"[1, {MAX_VIRTUAL_PER_WORKER}] (got {r!r})")
-        self.virtual_per_worker = int(r)
+        r = validate_virtual_per_worker(virtual_per_worker, MAX_VIRTUAL_PER_WORKER)
         self.controller_params = {
             "epoch_s": _validate_positive("epoch_s", epoch_s, 3600.0),
             "tau_s": _validate_positive("tau_s", tau_s, 3600.0),
@@ -760,11 +760,8 @@ class AdaptiveConsistentGrouping(Grouping):
             "jump": _validate_positive("jump", jump, 100.0),
             "min_gain": _validate_positive("min_gain", min_gain, 1.0) if min_gain else 0.0,
         }
-        self.n_virtual = self.n_workers * self.virtual_per_worker
-        self._alive = set(range(self.n_workers))
-        self.vw_owner = initial_table(self.n_workers, self.n_virtual)
+        self._init_virtual_workers(self.eps, r)
         self.version = 0
-        self._porc = PorcBins(self.n_virtual, self.eps)
         self.adopted: list[tuple[float, int]] = []  # (clock, version) of every table taken
 
     @classmethod
@@ -778,15 +775,6 @@ class AdaptiveConsistentGrouping(Grouping):
                              **g.controller_params)
 
     # -- routing ---------------------------------------------------------------
-
-    @property
-    def vw_loads(self) -> np.ndarray:
-        """Messages routed to each VW (``int64[n_virtual]``)."""
-        return self._porc.loads
-
-    def route_virtual(self, key_hashes: np.ndarray) -> np.ndarray:
-        """Route a micro-batch to VWs (``int64``), updating the VW loads."""
-        return self._porc.route(key_hashes, self._porc.bin_ids)
 
     def owner_of(self, vws: np.ndarray) -> np.ndarray:
         return self.vw_owner[vws]
@@ -826,18 +814,10 @@ class AdaptiveConsistentGrouping(Grouping):
         self.migrations += int((owner != self.vw_owner).sum())
         self.vw_owner = owner
 
-    def live_workers(self) -> list[int]:
-        return sorted(self._alive)
-
     # -- reporting -------------------------------------------------------------
 
-    def vw_per_worker(self) -> np.ndarray:
-        """Number of VWs each worker currently owns (``int64[n_workers]``)."""
-        return np.bincount(self.vw_owner, minlength=self.n_workers)
-
     def stats(self) -> dict[str, Any]:
-        s = super().stats()
-        s["vw_per_worker"] = self.vw_per_worker().tolist()
+        s = super().stats()  # with vw_per_worker
         s["table_version"] = self.version
         s["tables_adopted"] = [[float(t), int(v)] for t, v in self.adopted]
         return s

@@ -38,8 +38,12 @@ from typing import Any
 
 import numpy as np
 
-from runtime.grouping.base import Clock, Grouping, register, scheme_params
-from runtime.grouping.porc import PorcBins, validate_eps
+from runtime.grouping.base import Clock, register, scheme_params
+from runtime.grouping.porc import (
+    VirtualWorkerGrouping,
+    validate_eps,
+    validate_virtual_per_worker,
+)
 from runtime.signals import DEFAULT_SIGNALS, WorkerSignals
 
 MAX_VIRTUAL_PER_WORKER = 10_000
@@ -78,7 +82,7 @@ class _FCFS:
 
 
 @register
-class ConsistentGrouping(Grouping):
+class ConsistentGrouping(VirtualWorkerGrouping):
     """CG grouping: PoRC over ``n * virtual_per_worker`` VWs + a signal-driven VW table.
 
     Tunables:
@@ -115,30 +119,18 @@ class ConsistentGrouping(Grouping):
             if eps != 0.01 and e != self.eps:
                 raise ValueError(f"epsilon={epsilon} conflicts with eps={eps}: give one")
             self.eps = e
-        r = virtual_per_worker
-        if not (
-            isinstance(r, (int, np.integer))
-            and not isinstance(r, bool)
-            and 1 <= r <= MAX_VIRTUAL_PER_WORKER
-        ):
-            raise ValueError(
-                f"virtual_per_worker must be an int in [1, {MAX_VIRTUAL_PER_WORKER}] (got {r!r})"
-            )
+        r = validate_virtual_per_worker(virtual_per_worker, MAX_VIRTUAL_PER_WORKER)
         signals = WorkerSignals(slot_s=slot_s, busy_above=busy_above, idle_below=idle_below)
         self.busy_above = signals.busy_above
         self.idle_below = signals.idle_below
         self.slot_s = signals.slot_s
-        self.virtual_per_worker = int(r)
-        self.n_virtual = self.n_workers * self.virtual_per_worker
-        self.vw_owner = (np.arange(self.n_virtual) % self.n_workers).astype(np.int32)
+        self._init_virtual_workers(self.eps, r)
         # per worker, its VWs in acquisition order (the last one moves first)
         self._owned: list[list[int]] = [
             list(range(w, self.n_virtual, self.n_workers)) for w in range(self.n_workers)
         ]
-        self._porc = PorcBins(self.n_virtual, self.eps)  # PoRC over the VWs
         self.idle = _FCFS()
         self.busy = _FCFS()
-        self._alive = set(range(self.n_workers))
 
     @classmethod
     def worker_signals(cls, params: dict[str, Any]) -> WorkerSignals:
@@ -149,15 +141,6 @@ class ConsistentGrouping(Grouping):
         )
 
     # -- routing ---------------------------------------------------------------
-
-    @property
-    def vw_loads(self) -> np.ndarray:
-        """Messages routed to each VW (``int64[n_virtual]``)."""
-        return self._porc.loads
-
-    def route_virtual(self, key_hashes: np.ndarray) -> np.ndarray:
-        """Route a micro-batch to VWs (``int64``), updating the VW loads."""
-        return self._porc.route(key_hashes, self._porc.bin_ids)
 
     def route(self, key_hashes: np.ndarray) -> np.ndarray:
         return self._porc.route(key_hashes, self.vw_owner)
@@ -231,18 +214,10 @@ class ConsistentGrouping(Grouping):
                     break
                 self._move(src, w)
 
-    def live_workers(self) -> list[int]:
-        return sorted(self._alive)
-
     # -- reporting -------------------------------------------------------------
 
-    def vw_per_worker(self) -> np.ndarray:
-        """Number of VWs each worker currently owns (``int64[n_workers]``)."""
-        return np.bincount(self.vw_owner, minlength=self.n_workers)
-
     def stats(self) -> dict[str, Any]:
-        s = super().stats()
-        s["vw_per_worker"] = self.vw_per_worker().tolist()
+        s = super().stats()  # with vw_per_worker
         s["idle_queue"] = self.idle.as_list()
         s["busy_queue"] = self.busy.as_list()
         return s

@@ -226,8 +226,90 @@ def _readjust(
     return steps
 
 
+@kernel(inline=True)
+def _candidate(old_w: int, k: int) -> int:  # pragma: no cover - compiled
+    """The ``k``-th worker (``k`` in ``[0, n)``) tried for an item last on
+    ``old_w``: ``old_w`` first, so ties avoid migration, then the others
+    ascending."""
+    return old_w if k == 0 else (k - 1 if k - 1 < old_w else k)
+
+
+@kernel(inline=True)
+def _utility_with(
+    loads: np.ndarray,
+    w: int,
+    c: float,
+    old_w: int,
+    mig: float,
+    scale_rho: float,
+    scale_gamma: float,
+) -> float:  # pragma: no cover - compiled
+    """Utility ``U = rho + gamma`` once an item of count ``c``, last on
+    ``old_w``, is placed on worker ``w`` (``loads`` is left as it was)."""
+    n = loads.shape[0]
+    loads[w] += c
+    hi = loads[0]
+    lo = loads[0]
+    for v in range(1, n):
+        hi = max(hi, loads[v])
+        lo = min(lo, loads[v])
+    loads[w] -= c
+    dm = c if w != old_w else 0.0
+    return (hi - lo) * scale_rho + (mig + dm) * scale_gamma
+
+
+@kernel(inline=True)
+def _place(
+    counts: np.ndarray,
+    old: np.ndarray,
+    loads: np.ndarray,
+    assign: np.ndarray,
+    r: int,
+    w: int,
+    mig: float,
+) -> float:  # pragma: no cover - compiled
+    """Place item ``r`` on worker ``w``; returns the migration so far."""
+    assign[r] = w
+    loads[w] += counts[r]
+    if w != old[r]:
+        mig += counts[r]
+    return mig
+
+
 @kernel()
-def _place_greedily(
+def _scan(
+    counts: np.ndarray,
+    old: np.ndarray,
+    loads: np.ndarray,
+    assign: np.ndarray,
+    scale_rho: float,
+    scale_gamma: float,
+    mig0: float,
+) -> int:  # pragma: no cover - compiled
+    """``scan`` (Gedik 4.2): build the mapping from scratch, placing the items
+    in the order given (``counts`` sorted decreasing), each on the worker where
+    the utility ``U = rho + gamma`` is lowest (tried from its old worker on, so
+    ties avoid migration). ``assign`` gets the mapping; ``loads``, ``old``,
+    ``scale_rho``, ``scale_gamma``, ``mig0`` as for ``_readjust``. Returns the
+    number of steps taken (one per item).
+    """
+    n = loads.shape[0]
+    r_items = counts.shape[0]
+    mig = mig0
+    for r in range(r_items):
+        best_u = 1e300
+        best_w = -1
+        for k in range(n):
+            w = _candidate(old[r], k)
+            util = _utility_with(loads, w, counts[r], old[r], mig, scale_rho, scale_gamma)
+            if util < best_u:
+                best_u, best_w = util, w
+        mig = _place(counts, old, loads, assign, r, best_w, mig)
+    return r_items
+
+
+@kernel()
+def _redist(
     counts: np.ndarray,
     old: np.ndarray,
     loads: np.ndarray,
@@ -236,54 +318,34 @@ def _place_greedily(
     scale_rho: float,
     scale_gamma: float,
     mig0: float,
-    in_order: bool,
 ) -> int:  # pragma: no cover - compiled
-    """``scan`` (``in_order``) or ``redist`` (Gedik 4.2): build the mapping from
-    scratch, one item per step, each to the placement of lowest utility.
-
-    ``scan`` places the items in the order given (``counts`` sorted
-    decreasing), each where the utility ``U = rho + gamma`` is lowest;
-    ``redist`` picks, among all unplaced items and placements, the lowest
-    utility per frequency. Candidate placements are tried from the item's old
-    worker on, so ties avoid migration. ``placed`` (all 0 on entry) marks the
-    placed items; ``assign`` gets the mapping; ``loads``, ``old``,
-    ``scale_rho``, ``scale_gamma``, ``mig0`` as for ``_readjust``. Returns the
-    number of steps taken (one per item).
+    """``redist`` (Gedik 4.2): build the mapping from scratch, one item per
+    step: among all unplaced items and workers, the placement with the lowest
+    utility per frequency ``U / count`` (workers tried from the item's old one
+    on, so ties avoid migration). ``placed`` (all 0 on entry) marks the placed
+    items; ``assign`` gets the mapping; ``loads``, ``old``, ``scale_rho``,
+    ``scale_gamma``, ``mig0`` as for ``_readjust``. Returns the number of
+    steps taken (one per item).
     """
     n = loads.shape[0]
     r_items = counts.shape[0]
     mig = mig0
-    steps = 0
     for _ in range(r_items):
         best_u = 1e300
         best_r = -1
-        best_l = -1
+        best_w = -1
         for r in range(r_items):
-            if placed[r] or (in_order and r != steps):
+            if placed[r]:
                 continue
             for k in range(n):
-                # the old location first, so ties avoid migration
-                lw = old[r] if k == 0 else (k - 1 if k - 1 < old[r] else k)
-                loads[lw] += counts[r]
-                hi = loads[0]
-                lo = loads[0]
-                for w in range(1, n):
-                    hi = max(hi, loads[w])
-                    lo = min(lo, loads[w])
-                loads[lw] -= counts[r]
-                dm = counts[r] if lw != old[r] else 0.0
-                util = (hi - lo) * scale_rho + (mig + dm) * scale_gamma
-                if not in_order:
-                    util /= counts[r]
+                w = _candidate(old[r], k)
+                util = _utility_with(loads, w, counts[r], old[r], mig, scale_rho, scale_gamma)
+                util /= counts[r]
                 if util < best_u:
-                    best_u, best_r, best_l = util, r, lw
+                    best_u, best_r, best_w = util, r, w
         placed[best_r] = 1
-        assign[best_r] = best_l
-        loads[best_l] += counts[best_r]
-        if best_l != old[best_r]:
-            mig += counts[best_r]
-        steps += 1
-    return steps
+        mig = _place(counts, old, loads, assign, best_r, best_w, mig)
+    return r_items
 
 
 @register
@@ -407,12 +469,14 @@ class GedikPartitioning(Grouping):
         ideal = (counts.sum() + gone_counts.sum()) / n
         scale_gamma = 1.0 / ideal if ideal > 0 else 0.0
         assign = old_new.copy()
-        marks = np.zeros(len(counts), dtype=np.int64)  # readj: moves per item; else: placed
         if self.heuristic == "readj":
-            steps = _readjust(counts, old_new, base, assign, marks, scale_rho, scale_gamma, mig0)
-        else:  # scan visits items in decreasing frequency: frequent() returns them so
-            steps = _place_greedily(counts, old_new, base, assign, marks, scale_rho,
-                                   scale_gamma, mig0, self.heuristic == "scan")
+            moves = np.zeros(len(counts), dtype=np.int64)
+            steps = _readjust(counts, old_new, base, assign, moves, scale_rho, scale_gamma, mig0)
+        elif self.heuristic == "scan":  # in frequent()'s order: by decreasing frequency
+            steps = _scan(counts, old_new, base, assign, scale_rho, scale_gamma, mig0)
+        else:
+            placed = np.zeros(len(counts), dtype=np.int64)
+            steps = _redist(counts, old_new, base, assign, placed, scale_rho, scale_gamma, mig0)
         moved = assign != old_new
         moved_mass = mig0 + float(counts[moved].sum())
         moved_keys = int(moved.sum()) + int((gone_ring != gone_old).sum())

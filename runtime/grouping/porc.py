@@ -23,7 +23,8 @@ the argument above. So each message costs O(B) in the worst case.
 
 As a standalone scheme, bin ``b`` belongs to worker ``b mod n`` (``B / n``
 bins per worker when ``n`` divides ``B``, which holds for the default). CG
-routes with the same ``PorcBins`` over its virtual workers.
+and ACG route with the same ``PorcBins`` over their virtual workers
+(``VirtualWorkerGrouping``).
 """
 
 from __future__ import annotations
@@ -180,6 +181,67 @@ def validate_eps(eps: float, name: str = "eps") -> float:
     return float(eps)
 
 
+def validate_virtual_per_worker(r: Any, hi: int) -> int:
+    """``r`` as an int in ``[1, hi]``, or ``ValueError`` naming the bad value."""
+    if not (isinstance(r, (int, np.integer)) and not isinstance(r, bool) and 1 <= r <= hi):
+        raise ValueError(f"virtual_per_worker must be an int in [1, {hi}] (got {r!r})")
+    return int(r)
+
+
+def modulo_owner(n_items: int, n_workers: int) -> np.ndarray:
+    """Item ``v`` on worker ``v mod n_workers`` (``int32[n_items]``): PoRC's
+    bins, and the initial VW table of CG and ACG."""
+    return (np.arange(n_items, dtype=np.int64) % n_workers).astype(np.int32)
+
+
+class VirtualWorkerGrouping(Grouping):
+    """Base of the schemes that route with PoRC over virtual workers (CG, ACG).
+
+    Every source routes with ``PorcBins`` over ``n_virtual = n_workers *
+    virtual_per_worker`` equal VWs, then VW -> worker through the table
+    ``vw_owner``; ``_alive`` holds the live workers. Subclasses decide how the
+    table changes (CG: the workers' load signals; ACG: the controller's
+    tables; both: ``on_workers_changed``) and call ``_init_virtual_workers``
+    once their tunables are valid.
+    """
+
+    virtual_per_worker: int
+    n_virtual: int
+    vw_owner: np.ndarray  # int32[n_virtual]
+    _porc: PorcBins
+    _alive: set[int]
+
+    def _init_virtual_workers(self, eps: float, virtual_per_worker: int) -> None:
+        """PoRC over ``n_workers * virtual_per_worker`` VWs, VW ``v`` on worker
+        ``v mod n`` (``modulo_owner``), every worker live."""
+        self.virtual_per_worker = virtual_per_worker
+        self.n_virtual = self.n_workers * virtual_per_worker
+        self.vw_owner = modulo_owner(self.n_virtual, self.n_workers)
+        self._porc = PorcBins(self.n_virtual, eps)
+        self._alive = set(range(self.n_workers))
+
+    @property
+    def vw_loads(self) -> np.ndarray:
+        """Messages routed to each VW (``int64[n_virtual]``)."""
+        return self._porc.loads
+
+    def route_virtual(self, key_hashes: np.ndarray) -> np.ndarray:
+        """Route a micro-batch to VWs (``int64``), updating the VW loads."""
+        return self._porc.route(key_hashes, self._porc.bin_ids)
+
+    def live_workers(self) -> list[int]:
+        return sorted(self._alive)
+
+    def vw_per_worker(self) -> np.ndarray:
+        """Number of VWs each worker currently owns (``int64[n_workers]``)."""
+        return np.bincount(self.vw_owner, minlength=self.n_workers)
+
+    def stats(self) -> dict[str, Any]:
+        s = super().stats()
+        s["vw_per_worker"] = self.vw_per_worker().tolist()
+        return s
+
+
 @register
 class PowerOfRandomChoices(Grouping):
     """PoRC grouping over ``bins`` equal bins, bin ``b`` -> worker ``b mod n``.
@@ -211,7 +273,7 @@ class PowerOfRandomChoices(Grouping):
             )
         self.bins = int(n_bins)
         self._porc = PorcBins(self.bins, self.eps)
-        self._bin_worker = (self._porc.bin_ids % self.n_workers).astype(np.int32)
+        self._bin_worker = modulo_owner(self.bins, self.n_workers)
 
     @property
     def loads(self) -> np.ndarray:

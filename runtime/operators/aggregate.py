@@ -40,7 +40,14 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from runtime.operators.tables import COMPACT_ROWS, chunked, sort_result, string_keys
+from runtime.operators.state import (
+    SlottedState,
+    buffer_full,
+    fold_due,
+    keep_folded,
+    merge_rows,
+)
+from runtime.operators.tables import chunked, sort_result, string_keys
 
 AGGS = ("count", "sum", "min", "max", "mean")
 _ALIASES = {"avg": "mean", "average": "mean", "cnt": "count", "total": "sum",
@@ -48,7 +55,6 @@ _ALIASES = {"avg": "mean", "average": "mean", "cnt": "count", "total": "sum",
 _STRING = pa.string()
 _INT64 = pa.int64()
 _FLOAT64 = pa.float64()
-_MAX_PIECES = 2048
 _SUM0 = pc.ScalarAggregateOptions(skip_nulls=True, min_count=0)
 #: the integer types Spark reads as integers (uint64 becomes decimal(20,0))
 _EXACT_INTS = (pa.int8(), pa.int16(), pa.int32(), pa.int64(),
@@ -108,7 +114,7 @@ def check_value_type(arrow_type: pa.DataType, aggs: Iterable[str], column: str =
                              "type (numbers, strings, dates, timestamps)") from e
 
 
-class AggregateState:
+class AggregateState(SlottedState):
     """Unfolded ``keys``/``values`` arrays plus per-key partial tables."""
 
     __slots__ = ("keys", "values", "raw_rows", "tables", "table_rows", "big_rows", "value_type")
@@ -121,13 +127,6 @@ class AggregateState:
         self.table_rows = 0
         self.big_rows = 0
         self.value_type: pa.DataType | None = None
-
-    def __getstate__(self) -> dict[str, Any]:
-        return {k: getattr(self, k) for k in self.__slots__}
-
-    def __setstate__(self, d: dict[str, Any]) -> None:
-        for k, v in d.items():
-            setattr(self, k, v)
 
     def __repr__(self) -> str:
         return (f"AggregateState(raw_rows={self.raw_rows}, tables={len(self.tables)}, "
@@ -176,13 +175,11 @@ class Aggregate:
         return AggregateState()
 
     def add(self, state: AggregateState, batch: pa.RecordBatch) -> AggregateState:
-        keys = batch.column("key")
-        if keys.type != _STRING:
-            keys = string_keys(keys)
+        keys = string_keys(batch.column("key"))
         state.keys.append(keys)
         state.values.append(batch.column(self.value))
         state.raw_rows += len(keys)
-        if state.raw_rows > COMPACT_ROWS and state.raw_rows > state.big_rows:
+        if buffer_full(state):
             self._fold(state)
         return state
 
@@ -190,17 +187,10 @@ class Aggregate:
         return self._fold(state)
 
     def merge(self, a: AggregateState, b: AggregateState) -> AggregateState:
-        out = AggregateState()
-        out.keys = a.keys + b.keys
+        out = merge_rows(AggregateState(), a, b)
         out.values = a.values + b.values
-        out.raw_rows = a.raw_rows + b.raw_rows
-        out.tables = a.tables + b.tables
-        out.table_rows = a.table_rows + b.table_rows
-        out.big_rows = max(a.big_rows, b.big_rows)
         out.value_type = a.value_type or b.value_type
-        pending = out.raw_rows + out.table_rows - out.big_rows
-        if (pending > max(COMPACT_ROWS, out.big_rows)
-                or len(out.keys) + len(out.tables) > _MAX_PIECES):
+        if fold_due(out):
             self._fold(out)
         return out
 
@@ -299,9 +289,8 @@ class Aggregate:
             state.value_type = vtype
             parts.append(self._partial(chunked(state.keys, _STRING), chunked(values, vtype)))
         t = self._merge_partials(parts)
-        state.keys, state.values, state.raw_rows = [], [], 0
-        state.tables = [t] if t.num_rows else []
-        state.table_rows = state.big_rows = t.num_rows
+        keep_folded(state, t)
+        state.values = []
         return state
 
     def __repr__(self) -> str:

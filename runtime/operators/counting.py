@@ -10,13 +10,17 @@ exactly the single-worker answer (Spark's ``groupBy().count()``).
 
 from __future__ import annotations
 
-from typing import Any
-
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from runtime.operators.state import (
+    SlottedState,
+    buffer_full,
+    fold_due,
+    keep_folded,
+    merge_rows,
+)
 from runtime.operators.tables import (
-    COMPACT_ROWS,
     NAIVE_BAYES_SCHEMA,
     WORDCOUNT_SCHEMA,
     chunked,
@@ -26,11 +30,9 @@ from runtime.operators.tables import (
 
 _STRING = pa.string()
 _INT64 = pa.int64()
-#: fold when a state holds more array pieces than this (many tiny partials)
-_MAX_PIECES = 2048
 
 
-class CountState:
+class CountState(SlottedState):
     """Uncounted rows (``keys``/``labels``: lists of Arrow arrays) plus count
     tables not yet summed together (``tables``, each ``by + [count]``)."""
 
@@ -43,13 +45,6 @@ class CountState:
         self.tables: list[pa.Table] = []
         self.table_rows = 0  # rows in ``tables``
         self.big_rows = 0  # rows of the largest table (the running total)
-
-    def __getstate__(self) -> dict[str, Any]:
-        return {k: getattr(self, k) for k in self.__slots__}
-
-    def __setstate__(self, d: dict[str, Any]) -> None:
-        for k, v in d.items():
-            setattr(self, k, v)
 
     def __repr__(self) -> str:
         return (f"CountState(raw_rows={self.raw_rows}, tables={len(self.tables)}, "
@@ -68,7 +63,8 @@ def _sum_counts(tables: list[pa.Table], by: list[str], schema: pa.Schema) -> pa.
 
 
 class _Counting:
-    """Shared by ``WordCount`` and ``NaiveBayes``: count rows per ``by``."""
+    """Shared by ``WordCount`` and ``NaiveBayes``: count rows per ``by``
+    (``key``, plus the input column ``label`` when it is set)."""
 
     mergeable = True
     kind = ""
@@ -78,6 +74,17 @@ class _Counting:
 
     def create(self) -> CountState:
         return CountState()
+
+    def add(self, state: CountState, batch: pa.RecordBatch) -> CountState:
+        keys = string_keys(batch.column("key"))
+        if self.label is not None:
+            labels = batch.column(self.label)
+            state.labels.append(labels if labels.type == _INT64 else labels.cast(_INT64))
+        state.keys.append(keys)
+        state.raw_rows += len(keys)
+        if buffer_full(state):
+            self._fold(state)
+        return state
 
     def _count_raw(self, state: CountState) -> pa.Table:  # pragma: no cover - abstract
         raise NotImplementedError
@@ -89,30 +96,19 @@ class _Counting:
         if state.raw_rows:
             parts.append(self._count_raw(state))
         t = _sum_counts(parts, self.by, self.schema)
-        state.keys, state.labels, state.raw_rows = [], [], 0
-        state.tables = [t] if t.num_rows else []
-        state.table_rows = state.big_rows = t.num_rows
-        return state
-
-    def _maybe_fold(self, state: CountState) -> CountState:
-        pending = state.raw_rows + state.table_rows - state.big_rows
-        if (pending > max(COMPACT_ROWS, state.big_rows)
-                or len(state.keys) + len(state.tables) > _MAX_PIECES):
-            self._fold(state)
+        keep_folded(state, t)
+        state.labels = []
         return state
 
     def compact(self, state: CountState) -> CountState:
         return self._fold(state)
 
     def merge(self, a: CountState, b: CountState) -> CountState:
-        out = CountState()
-        out.keys = a.keys + b.keys
+        out = merge_rows(CountState(), a, b)
         out.labels = a.labels + b.labels
-        out.raw_rows = a.raw_rows + b.raw_rows
-        out.tables = a.tables + b.tables
-        out.table_rows = a.table_rows + b.table_rows
-        out.big_rows = max(a.big_rows, b.big_rows)
-        return self._maybe_fold(out)
+        if fold_due(out):
+            self._fold(out)
+        return out
 
     def finish(self, state: CountState) -> pa.Table:
         self._fold(state)
@@ -131,16 +127,6 @@ class WordCount(_Counting):
     schema = WORDCOUNT_SCHEMA
     by = ["key"]
     columns: tuple[str, ...] = ()
-
-    def add(self, state: CountState, batch: pa.RecordBatch) -> CountState:
-        keys = batch.column("key")
-        if keys.type != _STRING:
-            keys = string_keys(keys)
-        state.keys.append(keys)
-        state.raw_rows += len(keys)
-        if state.raw_rows > COMPACT_ROWS and state.raw_rows > state.big_rows:
-            self._fold(state)
-        return state
 
     def _count_raw(self, state: CountState) -> pa.Table:
         vc = pc.value_counts(chunked(state.keys, _STRING))
@@ -161,20 +147,6 @@ class NaiveBayes(_Counting):
             raise ValueError(f"app.label: must be a column name other than key (got {label!r})")
         self.label = label
         self.columns = (label,)
-
-    def add(self, state: CountState, batch: pa.RecordBatch) -> CountState:
-        keys = batch.column("key")
-        if keys.type != _STRING:
-            keys = string_keys(keys)
-        labels = batch.column(self.label)
-        if labels.type != _INT64:
-            labels = labels.cast(_INT64)
-        state.keys.append(keys)
-        state.labels.append(labels)
-        state.raw_rows += len(keys)
-        if state.raw_rows > COMPACT_ROWS and state.raw_rows > state.big_rows:
-            self._fold(state)
-        return state
 
     def _count_raw(self, state: CountState) -> pa.Table:
         t = pa.table({"key": chunked(state.keys, _STRING),

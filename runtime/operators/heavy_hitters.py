@@ -25,12 +25,13 @@ billions of keys).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from runtime.operators.state import SlottedState
 from runtime.operators.tables import (
     COMPACT_ROWS,
     HEAVY_HITTERS_SCHEMA,
@@ -48,7 +49,7 @@ _STRING = pa.string()
 Summary = tuple[np.ndarray, np.ndarray, np.ndarray, int, int]
 
 
-class HeavyHittersState:
+class HeavyHittersState(SlottedState):
     """A live sketch plus its unfed buffer (worker side), frozen summaries
     (after ``compact``/``merge``) and the names of the tracked hashes."""
 
@@ -61,13 +62,6 @@ class HeavyHittersState:
         self.raw_rows = 0
         self.parts: list[Summary] = []
         self.names: dict[int, str | None] = {}
-
-    def __getstate__(self) -> dict[str, Any]:
-        return {k: getattr(self, k) for k in self.__slots__}
-
-    def __setstate__(self, d: dict[str, Any]) -> None:
-        for k, v in d.items():
-            setattr(self, k, v)
 
     def __repr__(self) -> str:
         return (f"HeavyHittersState(raw_rows={self.raw_rows}, parts={len(self.parts)}, "
