@@ -35,13 +35,16 @@ class AggregatorCore:
     here, ``base_dir`` resolving a user's file) or a ``BoundOperator``."""
 
     def __init__(self, app: Any, base_dir: str = ".", coordinator: Any = None,
-                 clock: Callable[[], float] = time.time) -> None:
+                 clock: Callable[[], float] = time.time, state: Any = None) -> None:
+        """``state``: a live stream's checkpointed state to start from (``snapshot``)."""
         from runtime.operators import AggregatorApp, BoundOperator, operator_for_app
 
         self.coordinator = coordinator
         self.clock = clock
         op = app if isinstance(app, BoundOperator) else operator_for_app(app, base_dir)
         self.app = AggregatorApp(op)
+        if state is not None:
+            self.app.restore(state)
         self.partials = 0
         self.ledger = CommitLedger()
         self._early: dict[int, dict[int, Flush]] = {}  # worker -> seq -> flush
@@ -136,6 +139,11 @@ class AggregatorCore:
 
     def result(self) -> pa.Table:
         return self.app.result()
+
+    def snapshot(self) -> Any:
+        """The committed state (a live stream's checkpoint); taken between two
+        calls, so no flush is half in it."""
+        return self.app.state()
 
     def stats(self) -> dict[str, Any]:
         out = {"partials": self.partials, **self.ledger.stats(),

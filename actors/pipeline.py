@@ -44,6 +44,7 @@ from actors import telemetry
 from actors import throttle as throttle_mod
 from actors import worker as worker_mod
 from actors.spark_input import build_dataframe, session_cpus, to_ray_shards
+from runtime import checkpoint as ckpt_mod
 from runtime.grouping import SCHEMES
 from runtime.grouping.acg import coordinator_report
 from runtime.input_check import SHARD_BLOCK_ROWS
@@ -224,6 +225,35 @@ class _Throttling:
                 self.status[node] = {"error": repr(e)}
 
 
+def _stream_checkpoint(topo: Topology, out_dir: str | Path,
+                       resume: bool) -> ckpt_mod.Checkpoint | None:
+    """The checkpoint a live stream resumes from (``None``: a new stream);
+    one-line ``TopologyError`` for what cannot be resumed or would be overwritten."""
+    if not resume:
+        if ckpt_mod.exists(out_dir):
+            raise TopologyError(f"--out: {out_dir} holds a live stream's checkpoint: add "
+                                f"--resume to continue that stream, or choose another --out")
+        if topo.run.checkpoint:
+            from runtime.operators import operator_for_app
+
+            op = operator_for_app(topo.app.model_dump(), topo.base_dir)
+            if not op.spec.mergeable:
+                raise TopologyError(f"run.checkpoint: {op.spec.name} is not mergeable, so its "
+                                    f"state cannot be checkpointed; set run.checkpoint: false")
+        return None
+    try:
+        ckpt = ckpt_mod.load(out_dir)
+    except ValueError as e:
+        raise TopologyError(f"--resume: {e}") from None
+    if ckpt is None:
+        raise TopologyError(f"--resume: no checkpoint in {out_dir} (a live stream's --out, "
+                            f"run with run.checkpoint: true)")
+    if ckpt.app != topo.app.model_dump():
+        raise TopologyError(f"--resume: the checkpoint in {out_dir} is of another app "
+                            f"({ckpt.app.get('kind')!r}; the topology's is {topo.app.kind!r})")
+    return ckpt
+
+
 class _LiveResults:
     """A live stream's ``result.parquet``, replaced every ``every_s`` by the
     aggregator's answer so far (``runtime.report.write_result``); the aggregator
@@ -256,11 +286,13 @@ def run_pipeline(
     progress: bool = True,
     log: Callable[[str], None] | None = None,
     df: Any = None,
+    resume: bool = False,
 ) -> dict[str, Any]:
     """Run ``topo`` in the current Ray cluster; write the outputs; return the report.
 
     ``df``: the input DataFrame if the caller already built it (default:
-    ``build_dataframe(spark, topo)``).
+    ``build_dataframe(spark, topo)``). ``resume``: a live stream continues from
+    the checkpoint in ``out_dir`` (``runtime.checkpoint``).
     """
     say = log or (lambda m: print(m, file=sys.stderr))
     n = topo.workers.total_count  # added workers are started up front, idle until added
@@ -278,9 +310,11 @@ def run_pipeline(
     stops = StopRequests()
     stream: stream_mod.LiveInput | None = None
     distinct_input = None
+    resume_from = None
     if topo.input.stream:
         shards: list[Any] = [None] * topo.sources  # the sources are fed micro-batches
         total = 0
+        resume_from = _stream_checkpoint(topo, out_dir, resume)
         with stops:
             if not stream_mod.wait_for_first_file(topo.input_path() or Path(),
                                                   lambda: stops.signal is not None,
@@ -319,7 +353,8 @@ def run_pipeline(
         Agg = aggregator_mod.actor_class()
         agg = Agg.options(name="aggregator", namespace=namespace,
                           **actor_options(topo.placement.get("aggregator"))).remote(
-            app, topo.base_dir, coordinator)
+            app, topo.base_dir, coordinator,
+            state=resume_from.state if resume_from is not None else None)
         actors.append(agg)
 
         Worker = worker_mod.actor_class()
@@ -376,7 +411,10 @@ def run_pipeline(
                                      namespace)
 
         if topo.input.stream:
-            stream = stream_mod.LiveInput(spark, topo, sources)
+            stream = stream_mod.LiveInput(spark, topo, sources, out_dir, aggregator=agg,
+                                          checkpoint=run.checkpoint, resume_from=resume_from)
+            if run.checkpoint:  # a --resume after this driver dies stops what is left
+                ckpt_mod.record_processes(out_dir)
         bar = _Progress(None if stream else total, progress)
         live = telemetry.RunTelemetry(namespace, name=topo.name, scheme=topo.grouping.scheme,
                                       app=topo.app.kind, workers=n, sources=topo.sources,
@@ -422,8 +460,7 @@ def run_pipeline(
                 live.update(done, imb, messages=stream.rows, lag=lag)
                 results.poll()
                 if stopped_by is None:
-                    stopped_by = stops.reason(run, now_s, time.time() - (stream.last_data_ts
-                                                                         or t0))
+                    stopped_by = stops.reason(run, now_s, stream.idle_s(since=t0))
                     if stopped_by is not None:
                         stream.stop()
                         ray.get([s.end_stream.remote() for s in sources])

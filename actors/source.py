@@ -693,7 +693,14 @@ class StreamInbox:
         self._q: collections.deque[tuple[pa.Table, float]] = collections.deque()
         self._cv = threading.Condition()
 
-    def put(self, table: pa.Table, handed_ts: float) -> None:
+    def put(self, table: pa.Table | threading.Event, handed_ts: float = 0.0) -> None:
+        """Queue a table - or an event, set by the reader once everything before
+        it is committed (``SourceActor.sync``)."""
+        if isinstance(table, threading.Event):
+            with self._cv:
+                self._q.append((table, handed_ts))  # type: ignore[arg-type]
+                self._cv.notify_all()
+            return
         with self._cv:
             if self.closed:
                 raise RuntimeError("StreamInbox.put: the stream has ended")
@@ -716,7 +723,8 @@ class StreamInbox:
             if not self._q:
                 return None
             table, ts = self._q.popleft()
-            self.rows -= table.num_rows
+            if not isinstance(table, threading.Event):
+                self.rows -= table.num_rows
             self._cv.notify_all()
             return table, ts
 
@@ -870,6 +878,14 @@ class SourceActor:
         self.inbox.put(table.select([self.core.key, *self.columns]), handed_ts)
         return self.inbox.rows
 
+    def sync(self, timeout: float | None = None) -> bool:
+        """Return once every message fed before this call is processed and
+        committed (a live stream's checkpoint); ``False`` on ``timeout``."""
+        assert self.inbox is not None, "sync: this source reads a shard, not a stream"
+        done = threading.Event()
+        self.inbox.put(done)
+        return done.wait(timeout)
+
     def end_stream(self) -> None:
         """No more micro-batches: ``run`` returns once what came is committed."""
         if self.inbox is not None:
@@ -886,6 +902,11 @@ class SourceActor:
             if got is None:
                 return
             table, handed = got  # type: ignore[misc]
+            if isinstance(table, threading.Event):  # sync: all before it committed
+                self.core.drain()
+                self.core.acks_done_ts = None  # the stream has not ended
+                table.set()
+                continue
             for off in range(0, table.num_rows, self.batch):
                 yield table.slice(off, self.batch), handed
 

@@ -27,6 +27,7 @@ from typing import Any
 import pyarrow as pa
 import ray
 
+from runtime import checkpoint as ckpt_mod
 from runtime.input_check import has_data_files
 from runtime.topology import Topology, TopologyError
 
@@ -61,26 +62,49 @@ def wait_for_first_file(directory: Path, should_stop: Any, idle_s: float | None,
 
 
 class LiveInput:
-    """One run's streaming query feeding ``sources`` (see the module docstring)."""
+    """One run's streaming query feeding ``sources`` (see the module docstring).
 
-    def __init__(self, spark: Any, topo: Topology, sources: list[Any]) -> None:
+    ``checkpoint``: after handing a micro-batch over, wait until every source
+    has it committed (``SourceActor.sync``), then save the aggregator's state
+    with the batch id (``runtime.checkpoint``) before Spark may commit the
+    batch; ``resume_from`` is the checkpoint a resumed run starts from: Spark's
+    micro-batches up to its batch id are already in the state and are skipped.
+    """
+
+    def __init__(self, spark: Any, topo: Topology, sources: list[Any], out_dir: str | Path,
+                 *, aggregator: Any = None, checkpoint: bool = True,
+                 resume_from: ckpt_mod.Checkpoint | None = None) -> None:
         from actors.spark_input import stream_dataframe
 
         self.df = stream_dataframe(spark, topo)
         self.sources = sources
-        self.rows = 0  # messages handed over
+        self.out_dir = Path(out_dir)
+        self.aggregator = aggregator
+        self.app = topo.app.model_dump()
+        self.checkpointing = checkpoint
+        self.done_batch = resume_from.batch_id if resume_from else -1
+        self.messages_before = resume_from.messages if resume_from else 0
+        self.rows = 0  # messages handed over by this run
         self.micro_batches = 0  # non-empty ones
+        self.skipped_batches = 0  # re-run by Spark after a resume, already in the state
         self.handover_s = 0.0  # collecting and handing over (waits for full inboxes included)
+        self.checkpoints = 0
+        self.checkpoint_s = 0.0  # waiting for commits + saving
+        self.checkpoint_bytes = 0  # the last one's
         self.last_data_ts: float | None = None
+        self.busy = False  # a micro-batch is being handed over
         self.error: BaseException | None = None
         self._stopping = False
         self._lock = threading.Lock()
-        self._checkpoint = tempfile.mkdtemp(prefix="hetero-stream-")
         self.query: Any = None
+        self._scratch: str | None = None
 
     def start(self) -> None:
+        # without checkpoints nothing is resumed: Spark's offsets go to a temporary place
+        self._scratch = None if self.checkpointing else tempfile.mkdtemp(prefix="hs-stream-")
+        location = self._scratch or ckpt_mod.checkpoint_dir(self.out_dir) / "spark"
         self.query = (self.df.writeStream.foreachBatch(self._on_batch)
-                      .option("checkpointLocation", self._checkpoint)
+                      .option("checkpointLocation", str(location))
                       .trigger(processingTime=f"{int(TRIGGER_S * 1000)} milliseconds")
                       .start())
 
@@ -88,26 +112,46 @@ class LiveInput:
         """Spark's ``foreachBatch`` (a thread of the driver)."""
         with self._lock:
             if self._stopping:
+                # not handed over: fail the batch so that Spark does not commit it
+                # (a resume takes it again)
+                raise _Stopping()
+            if batch_id <= self.done_batch:
+                self.skipped_batches += 1
                 return
-            t = time.time()
+            self.busy = True
             try:
-                got = df._collect_as_arrow()
-                if not got:
-                    return
-                table = pa.Table.from_batches(got)
-                if table.num_rows == 0:
-                    return
-                handed = time.time()
-                pieces = split_even(table, len(self.sources))
-                ray.get([s.feed.remote(p, handed)
-                         for s, p in zip(self.sources, pieces, strict=True) if p.num_rows])
+                self._hand_over(df, batch_id)
             except BaseException as e:  # noqa: BLE001 - reported by the driver's loop
                 self.error = e
                 raise
+            finally:
+                self.busy = False
+
+    def _hand_over(self, df: Any, batch_id: int) -> None:
+        t = time.time()
+        got = df._collect_as_arrow()
+        table = pa.Table.from_batches(got) if got else None
+        if table is not None and table.num_rows:
+            handed = time.time()
+            pieces = split_even(table, len(self.sources))
+            ray.get([s.feed.remote(p, handed)
+                     for s, p in zip(self.sources, pieces, strict=True) if p.num_rows])
             self.rows += table.num_rows
             self.micro_batches += 1
             self.last_data_ts = handed
-            self.handover_s += time.time() - t
+        self.handover_s += time.time() - t
+        if self.checkpointing:
+            t = time.time()
+            if not all(ray.get([s.sync.remote() for s in self.sources])):
+                raise RuntimeError("a source did not commit the micro-batch")
+            state = ray.get(self.aggregator.snapshot.remote())
+            self.checkpoint_bytes = ckpt_mod.save(self.out_dir, ckpt_mod.Checkpoint(
+                batch_id, self.messages_before + self.rows, state, self.app))
+            self.checkpoints += 1
+            self.checkpoint_s += time.time() - t
+        self.done_batch = batch_id
+        if table is not None and table.num_rows:
+            self.last_data_ts = time.time()  # idle from when it was all taken
 
     def check(self) -> None:
         """Raise if the query failed (a file Spark cannot read, a lost source)."""
@@ -118,20 +162,45 @@ class LiveInput:
             raise TopologyError(f"input.path: live stream stopped: "
                                 f"{_first_line(exc) if exc else 'unknown cause'}")
 
+    def idle_s(self, since: float) -> float:
+        """Seconds without new data (``since``: the start)."""
+        return 0.0 if self.busy else time.time() - (self.last_data_ts or since)
+
     def stop(self) -> None:
         """No micro-batch after the one being handed over; the query stopped."""
         self._stopping = True
         with self._lock:
             pass
+        _quiet_stream_errors(self.df)  # a micro-batch refused now is not an error
         if self.query is not None:
             try:
                 self.query.stop()
             finally:
-                shutil.rmtree(self._checkpoint, ignore_errors=True)
+                if self._scratch is not None:
+                    shutil.rmtree(self._scratch, ignore_errors=True)
 
     def stats(self) -> dict[str, Any]:
         return {"rows": self.rows, "micro_batches": self.micro_batches,
-                "handover_s": self.handover_s}
+                "handover_s": self.handover_s, "skipped_batches": self.skipped_batches,
+                "checkpoints": self.checkpoints, "checkpoint_s": self.checkpoint_s,
+                "checkpoint_bytes": self.checkpoint_bytes,
+                "messages_before": self.messages_before, "last_batch_id": self.done_batch}
+
+
+class _Stopping(RuntimeError):
+    """A micro-batch Spark started after the stream was told to stop."""
+
+
+def _quiet_stream_errors(df: Any) -> None:
+    """Spark logs a failed micro-batch with its Java stack trace: off, once the
+    stream is stopping (a real failure before that is in ``check``)."""
+    try:
+        jvm = df.sparkSession.sparkContext._jvm
+        level = jvm.org.apache.logging.log4j.Level.OFF
+        jvm.org.apache.logging.log4j.core.config.Configurator.setLevel(
+            "org.apache.spark.sql.execution.streaming", level)
+    except Exception:  # noqa: BLE001 - only log noise is at stake
+        pass
 
 
 def _first_line(e: BaseException) -> str:

@@ -161,6 +161,9 @@ def main(argv: list[str] | None = None) -> int:
                         "spark=1 to put executors on nodes with resource 'spark' (repeatable)")
     p.add_argument("--check", action="store_true",
                    help="validate the topology and its input, then exit")
+    p.add_argument("--resume", action="store_true",
+                   help="continue the live stream whose outputs are in --out DIR from its "
+                        "checkpoint (after its driver died, or once it stopped)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--verify", action="store_true",
                    help="after the run, compare result.parquet with Spark's own answer on "
@@ -182,6 +185,11 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     check_address(args.address)
     out = args.out or default_out_dir(topo.name)
+    if args.resume:
+        _take_over(topo, args.out)
+    elif topo.input.stream and (Path(out) / ".checkpoint").exists():
+        fail(f"--out: {out} holds a live stream's checkpoint: add --resume to continue that "
+             f"stream, or choose another --out")
 
     with engine_session(topo.name, args.address, topo=topo, spark=sizing) as spark:
         from actors.pipeline import run_pipeline
@@ -189,7 +197,8 @@ def main(argv: list[str] | None = None) -> int:
 
         live = topo.input.stream
         df = build_dataframe(spark, topo).cache() if args.verify and not live else None
-        report = run_pipeline(topo, out, spark, progress=not args.no_progress, df=df)
+        report = run_pipeline(topo, out, spark, progress=not args.no_progress, df=df,
+                              resume=args.resume)
         if args.verify and live:  # every file that arrived, read once the stream ended
             df = build_dataframe(spark, topo)
         verdict = verify_result(topo, df, Path(out)) if args.verify else None
@@ -199,6 +208,31 @@ def main(argv: list[str] | None = None) -> int:
         print(f"verify: {verdict['message']}")
         return 0 if verdict["equal"] else 1
     return 0
+
+
+def _take_over(topo: Topology, out: str | None) -> None:
+    """``--resume``: check there is a stream to continue and that its driver is
+    gone; stop what is left of that run's Ray and Spark processes."""
+    from runtime import checkpoint
+
+    if not topo.input.stream:
+        fail("--resume: only for a live stream (input.stream: true)")
+    if out is None:
+        fail("--resume: needs --out DIR, the output directory of the stream to continue")
+    try:
+        found = checkpoint.load(out)
+    except ValueError as e:
+        fail(f"--resume: {e}")
+    if found is None:
+        fail(f"--resume: no checkpoint in {out} (a live stream's --out, with "
+             f"run.checkpoint: true)")
+    driver = checkpoint.recorded_driver(out)
+    if driver is not None and driver != os.getpid():
+        fail(f"--resume: the run that writes {out} is still running (pid {driver}); "
+             f"stop it first")
+    left = checkpoint.stop_leftovers(out)
+    if left:
+        print(f"resume: stopped {left} process(es) left by the dead run", file=sys.stderr)
 
 
 def verify_result(topo: Topology, df: Any, out: Path) -> dict[str, Any]:

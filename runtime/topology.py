@@ -386,6 +386,9 @@ class RunSpec(_Strict):
     #: live stream: most rows a source holds that it has not routed yet; Spark's
     #: next micro-batch waits (bounded memory when input outpaces the cluster)
     max_pending_rows: PosInt = 100_000
+    #: live stream: checkpoint the result with the stream position after every
+    #: micro-batch (exactly once across a --resume; docs/reliability.md)
+    checkpoint: bool = True
 
 
 def _run_name(v: str) -> str:
@@ -413,7 +416,7 @@ class Topology(_Strict):
     @model_validator(mode="after")
     def _cross(self) -> Topology:
         if not self.input.stream:
-            for name in ("until_idle_s", "duration_s", "max_pending_rows"):
+            for name in ("until_idle_s", "duration_s", "max_pending_rows", "checkpoint"):
                 if name in self.run.model_fields_set:
                     raise ValueError(f"run.{name}: only for a live stream (input.stream: true)")
         for i, f in enumerate(self.faults):

@@ -6,6 +6,7 @@ from __future__ import annotations
 import collections
 import os
 import threading
+from pathlib import Path
 from types import SimpleNamespace
 
 import pyarrow as pa
@@ -237,3 +238,117 @@ def test_live_view_shows_a_streams_lag() -> None:
     assert "4,000 of 5,000 arrived, lag 1,000" in text
     r2 = RunView("batch-x", messages=5000, acked=4000, heartbeat=100.0)
     assert "4,000 / 5,000 (80%)" in render(r2, now=100.0)
+
+
+# --------------------------------------------------------------------------- checkpoints
+
+
+def test_checkpoint_round_trip_and_atomic_replace(tmp_path) -> None:
+    from runtime import checkpoint as ck
+
+    assert ck.load(tmp_path) is None and not ck.exists(tmp_path)
+    first = ck.Checkpoint(3, 1200, {"a": 1}, {"kind": "wordcount"})
+    size = ck.save(tmp_path, first)
+    assert size == (tmp_path / ".checkpoint" / "state.pkl").stat().st_size
+    assert ck.load(tmp_path) == first
+    ck.save(tmp_path, ck.Checkpoint(4, 1500, {"a": 2}, {"kind": "wordcount"}))
+    assert ck.load(tmp_path).batch_id == 4  # type: ignore[union-attr]
+    assert sorted(p.name for p in (tmp_path / ".checkpoint").iterdir()) == ["state.pkl"]
+
+
+def test_a_file_that_is_not_a_checkpoint_is_refused(tmp_path) -> None:
+    import pickle
+
+    from runtime import checkpoint as ck
+
+    d = tmp_path / ".checkpoint"
+    d.mkdir()
+    (d / "state.pkl").write_bytes(b"not a pickle")
+    with pytest.raises(ValueError, match="not a readable checkpoint"):
+        ck.load(tmp_path)
+    (d / "state.pkl").write_bytes(pickle.dumps({"format": "something else"}))
+    with pytest.raises(ValueError, match="not a checkpoint of this version"):
+        ck.load(tmp_path)
+
+
+def test_a_dead_drivers_leftover_processes_are_stopped(tmp_path) -> None:
+    """A driver that records itself and its child, then dies (SIGKILL): its
+    child is what ``stop_leftovers`` stops; nothing else is touched."""
+    import signal
+    import subprocess
+    import sys
+
+    import psutil
+
+    from runtime import checkpoint as ck
+
+    code = ("import subprocess, sys, time\n"
+            "from runtime import checkpoint\n"
+            "c = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(120)'])\n"
+            f"checkpoint.record_processes({str(tmp_path)!r})\n"
+            "print(c.pid, flush=True)\n"
+            "time.sleep(120)\n")
+    driver = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True,
+                              cwd=str(Path(__file__).resolve().parent.parent))
+    try:
+        orphan = int(driver.stdout.readline())  # type: ignore[union-attr]
+        assert ck.recorded_driver(tmp_path) == driver.pid  # alive: a resume must refuse
+        driver.send_signal(signal.SIGKILL)
+        driver.wait(10)
+        assert ck.recorded_driver(tmp_path) is None
+        assert psutil.pid_exists(orphan)  # the dead driver's child lives on
+        assert ck.stop_leftovers(tmp_path) == 1
+        assert not psutil.pid_exists(orphan) or psutil.Process(orphan).status() == "zombie"
+        assert ck.stop_leftovers(tmp_path) == 0
+    finally:
+        if driver.poll() is None:
+            driver.kill()
+
+
+def test_aggregator_snapshot_restores_into_a_new_one() -> None:
+    from runtime.operators import builtin_operator
+
+    op = builtin_operator("wordcount")
+    a = AggregatorCore({"kind": "wordcount"})
+    state = op.create()
+    state = op.add(state, pa.record_batch({"key": ["x", "y", "x"]}))
+    a.merge(op.compact(state))
+    b = AggregatorCore({"kind": "wordcount"}, state=a.snapshot())
+    b.merge(op.compact(op.add(op.create(), pa.record_batch({"key": ["x"]}))))
+    assert dict(zip(*b.result().to_pydict().values(), strict=True)) == {"x": 3, "y": 1}
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--resume"], "--resume: only for a live stream"),
+])
+def test_resume_errors_before_anything_starts(tmp_path, capsys, args, message) -> None:
+    from runtime.run import main
+
+    topo = tmp_path / "t.yaml"
+    topo.write_text("input: {format: zipf, messages: 100}\n")
+    with pytest.raises(SystemExit) as e:
+        main([str(topo), "--out", str(tmp_path / "out"), *args])
+    assert e.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+def test_resume_needs_a_checkpoint_and_a_checkpoint_needs_resume(tmp_path, capsys) -> None:
+    from runtime import checkpoint as ck
+    from runtime.run import main
+
+    indir, out = tmp_path / "in", tmp_path / "out"
+    indir.mkdir()
+    topo = tmp_path / "t.yaml"
+    topo.write_text(f"input: {{format: parquet, path: {indir}, stream: true}}\n")
+    for args, message in [
+        ([str(topo), "--resume"], "--resume: needs --out DIR"),
+        ([str(topo), "--out", str(out), "--resume"], "--resume: no checkpoint in"),
+    ]:
+        with pytest.raises(SystemExit) as e:
+            main(args)
+        assert e.value.code == 2 and message in capsys.readouterr().err
+    ck.save(out, ck.Checkpoint(0, 10, None, {"kind": "wordcount"}))
+    with pytest.raises(SystemExit) as e:
+        main([str(topo), "--out", str(out)])
+    assert e.value.code == 2
+    assert "holds a live stream's checkpoint: add --resume" in capsys.readouterr().err

@@ -139,3 +139,70 @@ def test_a_stream_stops_once_idle_and_takes_files_a_few_at_a_time(ray_spark, tmp
     assert report["stream"]["stopped_by"] == "idle"
     assert report["stream"]["micro_batches"] == 3
     _check_exact(ray_spark, topo, out)
+
+
+def _dead_run_processes(out: Path) -> list[tuple[int, float]]:
+    from runtime.checkpoint import PROCESSES_FILE, checkpoint_dir
+
+    data = json.loads((checkpoint_dir(out) / PROCESSES_FILE).read_text())
+    return [(int(p), float(t)) for p, t in data["children"]]
+
+
+def test_a_stream_resumes_exactly_after_its_driver_is_killed(tmp_path) -> None:
+    """SIGKILL the driver while a file is half processed; a file lands while it
+    is down; ``--resume`` stops the dead run's leftovers and ends equal to
+    Spark's groupBy over every file (``--verify``), exit 0."""
+    import subprocess
+    import sys
+
+    import yaml
+
+    from runtime.checkpoint import _alive
+
+    words = pq.read_table(WORDS).slice(200_000, 70_000).select(["key"])
+    indir, out = tmp_path / "in", tmp_path / "out"
+    indir.mkdir()
+    _drop(words.slice(0, 20_000), indir, "part-0.parquet")
+    topo = tmp_path / "stream.yaml"
+    topo.write_text(yaml.safe_dump({
+        "name": "stream-resume-e2e",
+        "input": {"format": "parquet", "path": str(indir), "stream": True},
+        "sources": 2,
+        # 3 workers at 200 us a message: a 40,000-row file takes ~2.7 s
+        "workers": {"count": 3, "service_us": 200, "throttle": "service"},
+        "grouping": {"scheme": "acg"},
+        "app": {"kind": "wordcount", "aggregate_every_s": 0.25},
+        "run": {"batch": 1000, "until_idle_s": 300},  # killed long before
+    }))
+    env = {**os.environ, "RAY_AUTH_MODE": "disabled"}
+    cmd = [sys.executable, "-m", "runtime.run", str(topo), "--out", str(out), "--no-progress"]
+    first = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL,
+                             stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.time() + 300
+        while _counted(out) < 20_000:
+            assert first.poll() is None, first.stderr.read()  # type: ignore[union-attr]
+            assert time.time() < deadline, "the first file was never counted"
+            time.sleep(0.05)
+        _drop(words.slice(20_000, 40_000), indir, "part-1.parquet")
+        while _counted(out) == 20_000 and time.time() < deadline:
+            time.sleep(0.02)  # the second file is being counted: kill mid-file
+        first.kill()
+        first.wait(30)
+    finally:
+        if first.poll() is None:
+            first.kill()
+    dead = _dead_run_processes(out)
+    _drop(words.slice(60_000, 10_000), indir, "part-2.parquet")  # while nobody runs
+
+    second = subprocess.run([*cmd, "--resume", "--verify", "--set", "run.until_idle_s=5"],
+                            cwd=ROOT, env=env, capture_output=True, text=True, timeout=400)
+    assert second.returncode == 0, second.stdout[-2000:] + second.stderr[-3000:]
+    assert "equals Spark's groupBy(key).count()" in second.stdout
+    assert not [p for p in dead if _alive(*p) is not None], "the dead run left processes"
+    report = json.loads((out / "report.json").read_text())
+    assert report["verify"]["equal"] is True
+    assert report["stream"]["messages_before"] >= 20_000
+    assert report["stream"]["stopped_by"] == "idle"
+    got = pq.read_table(out / "result.parquet")
+    assert int(pc.sum(got.column("count")).as_py()) == 70_000

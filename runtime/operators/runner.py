@@ -64,6 +64,22 @@ class AggregatorApp:
         else:
             self.total = self.op.merge(self.total, partial)
 
+    def state(self) -> Any:
+        """Everything merged so far (a live stream's checkpoint). Only a mergeable
+        operator has one: a non-mergeable one's per-worker snapshots do not
+        survive new workers."""
+        if self.snapshots:
+            raise ValueError(f"{self.op.spec.name}: a non-mergeable operator (mergeable = "
+                             f"False) cannot be checkpointed")
+        return self.total
+
+    def restore(self, state: Any) -> None:
+        """Start from a checkpoint's ``state`` (before any merge)."""
+        if self.snapshots:
+            raise ValueError(f"{self.op.spec.name}: a non-mergeable operator (mergeable = "
+                             f"False) cannot resume from a checkpoint")
+        self.total = state
+
     def result(self) -> pa.Table:
         total = self.total
         if self.snapshots:  # each key on one worker: the snapshots' key sets are disjoint

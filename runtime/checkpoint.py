@@ -1,0 +1,151 @@
+"""A live stream's checkpoint: the aggregator's state and the stream position,
+written together, atomically, in the output directory (docs/reliability.md).
+
+``OUT/.checkpoint/`` holds:
+
+- ``state.pkl``: a ``Checkpoint`` - the last Spark micro-batch whose every
+  message is in the aggregator's committed state, that state, and how many
+  messages it holds. Written to a temporary file, fsynced, then renamed over the
+  previous one: a reader (a ``--resume``) sees the previous checkpoint or the
+  new one, never a mix.
+- ``spark/``: Spark's own checkpoint location (which files each micro-batch
+  took). Spark re-runs a micro-batch it planned but did not commit, with the
+  same files and batch id; one at or before ``Checkpoint.batch_id`` is skipped,
+  a later one is processed: no message lost, none counted twice.
+- ``processes.json``: the Ray and Spark processes of the run that writes it,
+  so that a ``--resume`` after the driver was killed stops what is left of them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import pickle
+from pathlib import Path
+from typing import Any
+
+CHECKPOINT_DIR = ".checkpoint"
+STATE_FILE = "state.pkl"
+PROCESSES_FILE = "processes.json"
+#: what a checkpoint file says it is (a file of another format is refused)
+FORMAT = "hetero-stream checkpoint 1"
+
+
+@dataclasses.dataclass(frozen=True)
+class Checkpoint:
+    batch_id: int  # the last Spark micro-batch in ``state`` (-1: none)
+    messages: int  # messages in ``state``, over every run of the stream
+    state: Any  # the aggregator's (``AggregatorCore.snapshot``)
+    app: dict[str, Any]  # the app it belongs to (a resume with another app is refused)
+
+
+def checkpoint_dir(out_dir: str | os.PathLike[str]) -> Path:
+    return Path(out_dir) / CHECKPOINT_DIR
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def save(out_dir: str | os.PathLike[str], ckpt: Checkpoint) -> int:
+    """Write ``ckpt`` atomically and durably; returns its size in bytes."""
+    d = checkpoint_dir(out_dir)
+    d.mkdir(parents=True, exist_ok=True)
+    tmp = d / f".{STATE_FILE}.tmp"
+    data = pickle.dumps({"format": FORMAT, **dataclasses.asdict(ckpt)},
+                        protocol=pickle.HIGHEST_PROTOCOL)
+    try:
+        with open(tmp, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, d / STATE_FILE)
+        _fsync_dir(d)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    return len(data)
+
+
+def load(out_dir: str | os.PathLike[str]) -> Checkpoint | None:
+    """The checkpoint in ``out_dir`` (``None`` if there is none); ``ValueError``
+    (one line) for a file that is not one."""
+    path = checkpoint_dir(out_dir) / STATE_FILE
+    if not path.exists():
+        return None
+    try:
+        raw = pickle.loads(path.read_bytes())
+    except Exception as e:  # noqa: BLE001 - any unreadable file is the same error
+        raise ValueError(f"{path}: not a readable checkpoint ({e.__class__.__name__})") from None
+    if not isinstance(raw, dict) or raw.get("format") != FORMAT:
+        raise ValueError(f"{path}: not a checkpoint of this version")
+    return Checkpoint(int(raw["batch_id"]), int(raw["messages"]), raw["state"], raw["app"])
+
+
+def exists(out_dir: str | os.PathLike[str]) -> bool:
+    return checkpoint_dir(out_dir).exists()
+
+
+# --------------------------------------------------------------------------- processes
+
+
+def record_processes(out_dir: str | os.PathLike[str]) -> None:
+    """Remember this process (the driver) and every process below it (Ray's,
+    Spark's), each as ``(pid, start time)``."""
+    import psutil
+
+    me = psutil.Process()
+    children = []
+    for c in me.children(recursive=True):
+        try:
+            children.append([c.pid, c.create_time()])
+        except psutil.Error:
+            continue
+    d = checkpoint_dir(out_dir)
+    d.mkdir(parents=True, exist_ok=True)
+    tmp = d / f".{PROCESSES_FILE}.tmp"
+    tmp.write_text(json.dumps({"driver": [me.pid, me.create_time()], "children": children}))
+    os.replace(tmp, d / PROCESSES_FILE)
+
+
+def _alive(pid: int, created: float) -> Any:
+    """The process if it is still the one recorded (a reused pid is not)."""
+    import psutil
+
+    try:
+        p = psutil.Process(int(pid))
+        return p if abs(p.create_time() - float(created)) < 0.01 else None
+    except psutil.Error:
+        return None
+
+
+def recorded_driver(out_dir: str | os.PathLike[str]) -> int | None:
+    """The pid of the driver that wrote the checkpoint, if it is still running."""
+    path = checkpoint_dir(out_dir) / PROCESSES_FILE
+    if not path.exists():
+        return None
+    p = _alive(*json.loads(path.read_text())["driver"])
+    return None if p is None else int(p.pid)
+
+
+def stop_leftovers(out_dir: str | os.PathLike[str], timeout_s: float = 10.0) -> int:
+    """SIGKILL what is left of a dead run's processes; how many there were."""
+    import psutil
+
+    path = checkpoint_dir(out_dir) / PROCESSES_FILE
+    if not path.exists():
+        return 0
+    procs = [p for p in (_alive(*c) for c in json.loads(path.read_text())["children"])
+             if p is not None]
+    for p in procs:
+        try:
+            p.kill()
+        except psutil.Error:
+            pass
+    psutil.wait_procs(procs, timeout=timeout_s)
+    return len(procs)
