@@ -412,7 +412,9 @@ def run_pipeline(
 
         if topo.input.stream:
             stream = stream_mod.LiveInput(spark, topo, sources, out_dir, aggregator=agg,
-                                          checkpoint=run.checkpoint, resume_from=resume_from)
+                                          checkpoint=run.checkpoint,
+                                          checkpoint_every_s=run.checkpoint_every_s,
+                                          resume_from=resume_from)
             if run.checkpoint:  # a --resume after this driver dies stops what is left
                 ckpt_mod.record_processes(out_dir)
         bar = _Progress(None if stream else total, progress)
@@ -426,6 +428,12 @@ def run_pipeline(
         faults.start(t0, namespace)  # the sources' runs (restarted ones replace theirs)
         if stream is not None:
             stops.__enter__()
+            if run.checkpoint:
+                if resume_from is None:  # from now on a --resume always finds one
+                    stream.checkpoint(synced=True)
+                elif stream.replay_log():
+                    say(f"[{topo.name}] resumed: {stream.replayed_batches} logged "
+                        f"micro-batch(es) handed over again")
             stream.start()
         results = _LiveResults(agg, out_dir, topo.app.aggregate_every_s, t0)
         stopped_by: str | None = None
@@ -469,6 +477,8 @@ def run_pipeline(
         source_stats = ray.get(faults.runs)
         if stream is not None:
             total = stream.rows
+            if run.checkpoint:  # everything handed over is committed: the last one
+                stream.checkpoint(synced=True)
         # the last ack, not when this loop noticed it (sources' clock: time.time)
         duration_s = max(max(s["end_ts"] for s in source_stats) - t0, 1e-9)
         bar.update(sum(s["acked"] for s in source_stats), imb)

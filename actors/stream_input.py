@@ -64,15 +64,19 @@ def wait_for_first_file(directory: Path, should_stop: Any, idle_s: float | None,
 class LiveInput:
     """One run's streaming query feeding ``sources`` (see the module docstring).
 
-    ``checkpoint``: after handing a micro-batch over, wait until every source
-    has it committed (``SourceActor.sync``), then save the aggregator's state
-    with the batch id (``runtime.checkpoint``) before Spark may commit the
-    batch; ``resume_from`` is the checkpoint a resumed run starts from: Spark's
-    micro-batches up to its batch id are already in the state and are skipped.
+    ``checkpoint`` (exactly once across a ``--resume``, ``runtime.checkpoint``):
+    every micro-batch is logged (Arrow, ``wal/``) before it is handed over, so
+    Spark may commit it at once and plan the next while this one is processed.
+    At most every ``checkpoint_every_s``, at a micro-batch's end, the sources
+    commit everything handed over (``SourceActor.sync``), the aggregator's
+    state is saved with that batch id, and the log up to it is dropped.
+    ``resume_from``: the checkpoint a resumed run starts from; ``replay_log``
+    hands the logged micro-batches after it over again, before Spark starts.
     """
 
     def __init__(self, spark: Any, topo: Topology, sources: list[Any], out_dir: str | Path,
                  *, aggregator: Any = None, checkpoint: bool = True,
+                 checkpoint_every_s: float = 1.0,
                  resume_from: ckpt_mod.Checkpoint | None = None) -> None:
         from actors.spark_input import stream_dataframe
 
@@ -82,22 +86,36 @@ class LiveInput:
         self.aggregator = aggregator
         self.app = topo.app.model_dump()
         self.checkpointing = checkpoint
-        self.done_batch = resume_from.batch_id if resume_from else -1
+        self.checkpoint_every_s = checkpoint_every_s
+        self.ckpt_batch = resume_from.batch_id if resume_from else -1  # in the state
+        self.done_batch = self.ckpt_batch  # handed over (and logged)
         self.messages_before = resume_from.messages if resume_from else 0
         self.rows = 0  # messages handed over by this run
         self.micro_batches = 0  # non-empty ones
-        self.skipped_batches = 0  # re-run by Spark after a resume, already in the state
+        self.replayed_batches = 0  # from the log, after a resume
+        self.skipped_batches = 0  # re-run by Spark after a resume, already handed over
         self.handover_s = 0.0  # collecting and handing over (waits for full inboxes included)
+        self.log_bytes = 0
         self.checkpoints = 0
         self.checkpoint_s = 0.0  # waiting for commits + saving
         self.checkpoint_bytes = 0  # the last one's
         self.last_data_ts: float | None = None
         self.busy = False  # a micro-batch is being handed over
         self.error: BaseException | None = None
+        self._next_checkpoint = time.time() + checkpoint_every_s
         self._stopping = False
         self._lock = threading.Lock()
         self.query: Any = None
         self._scratch: str | None = None
+
+    def replay_log(self) -> int:
+        """A resumed run: hand over again what was logged after the checkpoint
+        (before ``start``); how many micro-batches."""
+        for batch_id, table in ckpt_mod.logged_batches(self.out_dir, after=self.ckpt_batch):
+            self._feed(table)
+            self.done_batch = batch_id
+            self.replayed_batches += 1
+        return self.replayed_batches
 
     def start(self) -> None:
         # without checkpoints nothing is resumed: Spark's offsets go to a temporary place
@@ -120,38 +138,46 @@ class LiveInput:
                 return
             self.busy = True
             try:
-                self._hand_over(df, batch_id)
+                t = time.time()
+                got = df._collect_as_arrow()
+                table = pa.Table.from_batches(got) if got else None
+                if table is not None and table.num_rows:
+                    if self.checkpointing:
+                        self.log_bytes += ckpt_mod.log_batch(self.out_dir, batch_id, table)
+                    self._feed(table)
+                self.handover_s += time.time() - t
+                self.done_batch = batch_id
+                if self.checkpointing and time.time() >= self._next_checkpoint:
+                    self.checkpoint()
             except BaseException as e:  # noqa: BLE001 - reported by the driver's loop
                 self.error = e
                 raise
             finally:
                 self.busy = False
 
-    def _hand_over(self, df: Any, batch_id: int) -> None:
+    def _feed(self, table: pa.Table) -> None:
+        handed = time.time()
+        pieces = split_even(table, len(self.sources))
+        ray.get([s.feed.remote(p, handed)
+                 for s, p in zip(self.sources, pieces, strict=True) if p.num_rows])
+        self.rows += table.num_rows
+        self.micro_batches += 1
+        self.last_data_ts = time.time()
+
+    def checkpoint(self, synced: bool = False) -> None:
+        """Save the aggregator's state with the last micro-batch handed over;
+        ``synced``: the sources have committed everything already (they ended)."""
         t = time.time()
-        got = df._collect_as_arrow()
-        table = pa.Table.from_batches(got) if got else None
-        if table is not None and table.num_rows:
-            handed = time.time()
-            pieces = split_even(table, len(self.sources))
-            ray.get([s.feed.remote(p, handed)
-                     for s, p in zip(self.sources, pieces, strict=True) if p.num_rows])
-            self.rows += table.num_rows
-            self.micro_batches += 1
-            self.last_data_ts = handed
-        self.handover_s += time.time() - t
-        if self.checkpointing:
-            t = time.time()
-            if not all(ray.get([s.sync.remote() for s in self.sources])):
-                raise RuntimeError("a source did not commit the micro-batch")
-            state = ray.get(self.aggregator.snapshot.remote())
-            self.checkpoint_bytes = ckpt_mod.save(self.out_dir, ckpt_mod.Checkpoint(
-                batch_id, self.messages_before + self.rows, state, self.app))
-            self.checkpoints += 1
-            self.checkpoint_s += time.time() - t
-        self.done_batch = batch_id
-        if table is not None and table.num_rows:
-            self.last_data_ts = time.time()  # idle from when it was all taken
+        if not synced and not all(ray.get([s.sync.remote() for s in self.sources])):
+            raise RuntimeError("a source did not commit its micro-batches")
+        state = ray.get(self.aggregator.snapshot.remote())
+        self.checkpoint_bytes = ckpt_mod.save(self.out_dir, ckpt_mod.Checkpoint(
+            self.done_batch, self.messages_before + self.rows, state, self.app))
+        ckpt_mod.forget_batches(self.out_dir, upto=self.done_batch)
+        self.ckpt_batch = self.done_batch
+        self.checkpoints += 1
+        self.checkpoint_s += time.time() - t
+        self._next_checkpoint = time.time() + self.checkpoint_every_s
 
     def check(self) -> None:
         """Raise if the query failed (a file Spark cannot read, a lost source)."""
@@ -181,10 +207,11 @@ class LiveInput:
 
     def stats(self) -> dict[str, Any]:
         return {"rows": self.rows, "micro_batches": self.micro_batches,
-                "handover_s": self.handover_s, "skipped_batches": self.skipped_batches,
-                "checkpoints": self.checkpoints, "checkpoint_s": self.checkpoint_s,
-                "checkpoint_bytes": self.checkpoint_bytes,
-                "messages_before": self.messages_before, "last_batch_id": self.done_batch}
+                "handover_s": self.handover_s, "replayed_batches": self.replayed_batches,
+                "skipped_batches": self.skipped_batches, "checkpoints": self.checkpoints,
+                "checkpoint_s": self.checkpoint_s, "checkpoint_bytes": self.checkpoint_bytes,
+                "log_bytes": self.log_bytes, "messages_before": self.messages_before,
+                "last_batch_id": self.done_batch}
 
 
 class _Stopping(RuntimeError):

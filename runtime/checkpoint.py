@@ -8,10 +8,13 @@ written together, atomically, in the output directory (docs/reliability.md).
   messages it holds. Written to a temporary file, fsynced, then renamed over the
   previous one: a reader (a ``--resume``) sees the previous checkpoint or the
   new one, never a mix.
+- ``wal/``: every micro-batch handed over since that checkpoint, as Arrow
+  (written before Spark may commit the batch; dropped once a checkpoint holds
+  it). A resume hands these over again first.
 - ``spark/``: Spark's own checkpoint location (which files each micro-batch
   took). Spark re-runs a micro-batch it planned but did not commit, with the
-  same files and batch id; one at or before ``Checkpoint.batch_id`` is skipped,
-  a later one is processed: no message lost, none counted twice.
+  same files and batch id; one already checkpointed or logged is skipped, a
+  later one is processed: no message lost, none counted twice.
 - ``processes.json``: the Ray and Spark processes of the run that writes it,
   so that a ``--resume`` after the driver was killed stops what is left of them.
 """
@@ -89,6 +92,53 @@ def load(out_dir: str | os.PathLike[str]) -> Checkpoint | None:
 
 def exists(out_dir: str | os.PathLike[str]) -> bool:
     return checkpoint_dir(out_dir).exists()
+
+
+# --------------------------------------------------------------------------- write-ahead log
+
+WAL_DIR = "wal"
+
+
+def _wal_path(out_dir: str | os.PathLike[str], batch_id: int) -> Path:
+    return checkpoint_dir(out_dir) / WAL_DIR / f"{int(batch_id):012d}.arrow"
+
+
+def log_batch(out_dir: str | os.PathLike[str], batch_id: int, table: Any) -> int:
+    """Keep micro-batch ``batch_id`` (Arrow) until a checkpoint holds it; bytes."""
+    import pyarrow as pa
+
+    path = _wal_path(out_dir, batch_id)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    with pa.OSFile(str(tmp), "wb") as sink, pa.ipc.new_file(sink, table.schema) as w:
+        w.write_table(table)
+    os.replace(tmp, path)
+    return path.stat().st_size
+
+
+def logged_batches(out_dir: str | os.PathLike[str], after: int) -> list[tuple[int, Any]]:
+    """The logged micro-batches with an id above ``after``, in order, as tables."""
+    import pyarrow as pa
+
+    d = checkpoint_dir(out_dir) / WAL_DIR
+    if not d.exists():
+        return []
+    out = []
+    for f in sorted(d.glob("*.arrow")):
+        batch_id = int(f.stem)
+        if batch_id > after:
+            with pa.memory_map(str(f)) as src:
+                out.append((batch_id, pa.ipc.open_file(src).read_all()))
+    return out
+
+
+def forget_batches(out_dir: str | os.PathLike[str], upto: int) -> None:
+    """Drop the logged micro-batches a checkpoint now holds (ids <= ``upto``)."""
+    d = checkpoint_dir(out_dir) / WAL_DIR
+    if d.exists():
+        for f in d.glob("*.arrow"):
+            if int(f.stem) <= upto:
+                f.unlink(missing_ok=True)
 
 
 # --------------------------------------------------------------------------- processes

@@ -389,6 +389,8 @@ class RunSpec(_Strict):
     #: live stream: checkpoint the result with the stream position after every
     #: micro-batch (exactly once across a --resume; docs/reliability.md)
     checkpoint: bool = True
+    #: live stream: at most this often (at a micro-batch's end)
+    checkpoint_every_s: Annotated[float, Field(gt=0)] = 1.0
 
 
 def _run_name(v: str) -> str:
@@ -416,7 +418,8 @@ class Topology(_Strict):
     @model_validator(mode="after")
     def _cross(self) -> Topology:
         if not self.input.stream:
-            for name in ("until_idle_s", "duration_s", "max_pending_rows", "checkpoint"):
+            for name in ("until_idle_s", "duration_s", "max_pending_rows", "checkpoint",
+                         "checkpoint_every_s"):
                 if name in self.run.model_fields_set:
                     raise ValueError(f"run.{name}: only for a live stream (input.stream: true)")
         for i, f in enumerate(self.faults):
