@@ -225,6 +225,11 @@ class _Throttling:
                 self.status[node] = {"error": repr(e)}
 
 
+def _first_line(e: BaseException) -> str:
+    lines = str(e).strip().splitlines()
+    return lines[0] if lines else e.__class__.__name__
+
+
 def _stream_checkpoint(topo: Topology, out_dir: str | Path,
                        resume: bool) -> ckpt_mod.Checkpoint | None:
     """The checkpoint a live stream resumes from (``None``: a new stream);
@@ -252,6 +257,41 @@ def _stream_checkpoint(topo: Topology, out_dir: str | Path,
         raise TopologyError(f"--resume: the checkpoint in {out_dir} is of another app "
                             f"({ckpt.app.get('kind')!r}; the topology's is {topo.app.kind!r})")
     return ckpt
+
+
+class AggregatorLost(RuntimeError):
+    """A live stream's aggregator died: ``run_live`` restarts from the checkpoint."""
+
+
+def _aggregator_alive(agg: Any) -> bool:
+    try:
+        ray.get(agg.pid.remote(), timeout=10)
+        return True
+    except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError):
+        return False
+
+
+def run_live(topo: Topology, out_dir: str | Path, spark: Any, *, resume: bool = False,
+             restarts: int = 3, log: Callable[[str], None] | None = None,
+             **kw: Any) -> dict[str, Any]:
+    """``run_pipeline`` for a live stream: when the aggregator dies, the stream
+    restarts from its last checkpoint (at most ``restarts`` times); the report
+    is the last attempt's, with ``stream.aggregator_restarts``."""
+    say = log or (lambda m: print(m, file=sys.stderr))
+    for attempt in range(restarts + 1):
+        try:
+            report = run_pipeline(topo, out_dir, spark, resume=resume, log=log, **kw)
+        except AggregatorLost as e:
+            if not topo.run.checkpoint or attempt == restarts:
+                raise TopologyError(f"the aggregator died ({e}); the checkpoint in {out_dir} "
+                                    f"is intact: continue with --resume") from None
+            say(f"[{topo.name}] the aggregator died: restarting the stream from its "
+                f"checkpoint")
+            resume = True
+            continue
+        report["stream"]["aggregator_restarts"] = attempt
+        return report
+    raise AssertionError("unreachable")
 
 
 class _LiveResults:
@@ -430,7 +470,7 @@ def run_pipeline(
             stops.__enter__()
             if run.checkpoint:
                 if resume_from is None:  # from now on a --resume always finds one
-                    stream.checkpoint(synced=True)
+                    stream.checkpoint()
                 elif stream.replay_log():
                     say(f"[{topo.name}] resumed: {stream.replayed_batches} logged "
                         f"micro-batch(es) handed over again")
@@ -478,7 +518,8 @@ def run_pipeline(
         if stream is not None:
             total = stream.rows
             if run.checkpoint:  # everything handed over is committed: the last one
-                stream.checkpoint(synced=True)
+                stream.finish_checkpoints()
+                stream.checkpoint()
         # the last ack, not when this loop noticed it (sources' clock: time.time)
         duration_s = max(max(s["end_ts"] for s in source_stats) - t0, 1e-9)
         bar.update(sum(s["acked"] for s in source_stats), imb)
@@ -489,6 +530,10 @@ def run_pipeline(
         worker_stats = faults.finish_workers()  # a dead worker's from the aggregator
         result = ray.get(agg.result.remote())
         agg_stats = ray.get(agg.stats.remote())
+    except Exception as e:
+        if stream is not None and not _aggregator_alive(agg):
+            raise AggregatorLost(_first_line(e)) from e
+        raise
     finally:
         bar.close()
         if stream is not None:

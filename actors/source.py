@@ -677,6 +677,17 @@ class SourceCore:
         }
 
 
+class Cut:
+    """A checkpoint's cut in a live stream (``SourceActor.cut``): the source sets
+    ``reached`` once everything fed before it is committed, then routes nothing
+    fed after it until ``go`` - the aggregator's state then holds exactly what
+    came before the cut."""
+
+    def __init__(self) -> None:
+        self.reached = threading.Event()
+        self.go = threading.Event()
+
+
 class StreamInbox:
     """A live stream's micro-batches waiting at a source (thread-safe).
 
@@ -693,10 +704,9 @@ class StreamInbox:
         self._q: collections.deque[tuple[pa.Table, float]] = collections.deque()
         self._cv = threading.Condition()
 
-    def put(self, table: pa.Table | threading.Event, handed_ts: float = 0.0) -> None:
-        """Queue a table - or an event, set by the reader once everything before
-        it is committed (``SourceActor.sync``)."""
-        if isinstance(table, threading.Event):
+    def put(self, table: pa.Table | Cut, handed_ts: float = 0.0) -> None:
+        """Queue a table - or a ``Cut`` (never blocks)."""
+        if isinstance(table, Cut):
             with self._cv:
                 self._q.append((table, handed_ts))  # type: ignore[arg-type]
                 self._cv.notify_all()
@@ -723,7 +733,7 @@ class StreamInbox:
             if not self._q:
                 return None
             table, ts = self._q.popleft()
-            if not isinstance(table, threading.Event):
+            if not isinstance(table, Cut):
                 self.rows -= table.num_rows
             self._cv.notify_all()
             return table, ts
@@ -731,6 +741,8 @@ class StreamInbox:
 
 #: a live stream's source waits this long for data before it takes acks again
 STREAM_POLL_S = 0.02
+#: longest a source waits at a checkpoint's cut for the driver (a dead driver)
+CUT_WAIT_S = 300.0
 
 
 # ============================================================================ Ray edge
@@ -854,6 +866,7 @@ class SourceActor:
 
         self.shard = shard
         self.inbox = StreamInbox(max_pending_rows) if shard is None else None
+        self._cut: Cut | None = None
         self.batch = int(batch)
         self.columns = [c for c in columns if c != key]  # what the app needs besides the key
         # the wall clock: tables' adoption times compare with the controller's
@@ -878,13 +891,21 @@ class SourceActor:
         self.inbox.put(table.select([self.core.key, *self.columns]), handed_ts)
         return self.inbox.rows
 
-    def sync(self, timeout: float | None = None) -> bool:
-        """Return once every message fed before this call is processed and
-        committed (a live stream's checkpoint); ``False`` on ``timeout``."""
-        assert self.inbox is not None, "sync: this source reads a shard, not a stream"
-        done = threading.Event()
-        self.inbox.put(done)
-        return done.wait(timeout)
+    def cut(self) -> None:
+        """A checkpoint's cut after what was fed so far (returns at once)."""
+        assert self.inbox is not None, "cut: this source reads a shard, not a stream"
+        self._cut = Cut()
+        self.inbox.put(self._cut)
+
+    def reached_cut(self, timeout: float | None = None) -> bool:
+        """Return once everything fed before the cut is committed (``False`` on
+        ``timeout``); the source then waits for ``pass_cut``."""
+        return self._cut is not None and self._cut.reached.wait(timeout)
+
+    def pass_cut(self) -> None:
+        """The checkpoint is saved: route what came after the cut."""
+        if self._cut is not None:
+            self._cut.go.set()
 
     def end_stream(self) -> None:
         """No more micro-batches: ``run`` returns once what came is committed."""
@@ -902,10 +923,11 @@ class SourceActor:
             if got is None:
                 return
             table, handed = got  # type: ignore[misc]
-            if isinstance(table, threading.Event):  # sync: all before it committed
-                self.core.drain()
+            if isinstance(table, Cut):
+                self.core.drain()  # all before it committed
                 self.core.acks_done_ts = None  # the stream has not ended
-                table.set()
+                table.reached.set()
+                table.go.wait(CUT_WAIT_S)
                 continue
             for off in range(0, table.num_rows, self.batch):
                 yield table.slice(off, self.batch), handed

@@ -67,9 +67,13 @@ class LiveInput:
     ``checkpoint`` (exactly once across a ``--resume``, ``runtime.checkpoint``):
     every micro-batch is logged (Arrow, ``wal/``) before it is handed over, so
     Spark may commit it at once and plan the next while this one is processed.
-    At most every ``checkpoint_every_s``, at a micro-batch's end, the sources
-    commit everything handed over (``SourceActor.sync``), the aggregator's
-    state is saved with that batch id, and the log up to it is dropped.
+    At most every ``checkpoint_every_s``, a cut goes into every source's inbox
+    after a micro-batch (``SourceActor.cut``); a thread waits until every
+    source has committed what came before it (and routes nothing after it),
+    saves the aggregator's state with that batch id, drops the log up to it and
+    lets the sources go on. Spark keeps handing micro-batches over meanwhile
+    (up to the inboxes' bound): the workers pause only while the sources drain
+    their calls in flight and the state is saved.
     ``resume_from``: the checkpoint a resumed run starts from; ``replay_log``
     hands the logged micro-batches after it over again, before Spark starts.
     """
@@ -107,6 +111,7 @@ class LiveInput:
         self._lock = threading.Lock()
         self.query: Any = None
         self._scratch: str | None = None
+        self._checkpointer: threading.Thread | None = None
 
     def replay_log(self) -> int:
         """A resumed run: hand over again what was logged after the checkpoint
@@ -147,8 +152,15 @@ class LiveInput:
                     self._feed(table)
                 self.handover_s += time.time() - t
                 self.done_batch = batch_id
-                if self.checkpointing and time.time() >= self._next_checkpoint:
-                    self.checkpoint()
+                if (self.checkpointing and time.time() >= self._next_checkpoint
+                        and self._checkpointer is None):
+                    # the cut goes in after this micro-batch, before the next one;
+                    # the checkpoint is taken beside Spark's next micro-batches
+                    ray.get([s.cut.remote() for s in self.sources])
+                    self._checkpointer = threading.Thread(
+                        target=self._checkpoint_at_cut,
+                        args=(batch_id, self.messages_before + self.rows), daemon=True)
+                    self._checkpointer.start()
             except BaseException as e:  # noqa: BLE001 - reported by the driver's loop
                 self.error = e
                 raise
@@ -164,20 +176,45 @@ class LiveInput:
         self.micro_batches += 1
         self.last_data_ts = time.time()
 
-    def checkpoint(self, synced: bool = False) -> None:
-        """Save the aggregator's state with the last micro-batch handed over;
-        ``synced``: the sources have committed everything already (they ended)."""
+    def _checkpoint_at_cut(self, batch_id: int, messages: int) -> None:
+        """Once every source reached the cut after ``batch_id`` (what came before
+        is committed, nothing after it is routed): save, then let them go on."""
         t = time.time()
-        if not synced and not all(ray.get([s.sync.remote() for s in self.sources])):
-            raise RuntimeError("a source did not commit its micro-batches")
+        try:
+            if not all(ray.get([s.reached_cut.remote() for s in self.sources])):
+                raise RuntimeError("a source did not reach the checkpoint's cut")
+            self.checkpoint(batch_id, messages, t)
+        except BaseException as e:  # noqa: BLE001 - reported by the driver's loop
+            self.error = e
+        finally:
+            try:
+                ray.get([s.pass_cut.remote() for s in self.sources])
+            except ray.exceptions.RayActorError:
+                pass  # the run is failing already (a source or the aggregator died)
+            self._checkpointer = None
+
+    def checkpoint(self, batch_id: int | None = None, messages: int | None = None,
+                   started: float | None = None) -> None:
+        """Save the aggregator's state as holding every micro-batch up to
+        ``batch_id`` (default: all handed over - the sources have ended or
+        not started) and drop the log up to it."""
+        t = time.time() if started is None else started
+        batch_id = self.done_batch if batch_id is None else batch_id
+        messages = self.messages_before + self.rows if messages is None else messages
         state = ray.get(self.aggregator.snapshot.remote())
         self.checkpoint_bytes = ckpt_mod.save(self.out_dir, ckpt_mod.Checkpoint(
-            self.done_batch, self.messages_before + self.rows, state, self.app))
-        ckpt_mod.forget_batches(self.out_dir, upto=self.done_batch)
-        self.ckpt_batch = self.done_batch
+            batch_id, messages, state, self.app))
+        ckpt_mod.forget_batches(self.out_dir, upto=batch_id)
+        self.ckpt_batch = batch_id
         self.checkpoints += 1
         self.checkpoint_s += time.time() - t
         self._next_checkpoint = time.time() + self.checkpoint_every_s
+
+    def finish_checkpoints(self) -> None:
+        """Wait for a checkpoint being taken (before the last one)."""
+        worker = self._checkpointer
+        if worker is not None:
+            worker.join()
 
     def check(self) -> None:
         """Raise if the query failed (a file Spark cannot read, a lost source)."""
@@ -189,8 +226,18 @@ class LiveInput:
                                 f"{_first_line(exc) if exc else 'unknown cause'}")
 
     def idle_s(self, since: float) -> float:
-        """Seconds without new data (``since``: the start)."""
-        return 0.0 if self.busy else time.time() - (self.last_data_ts or since)
+        """Seconds without new data (``since``: the start): none is being handed
+        over and Spark sees no new file."""
+        now = time.time()
+        if self.busy or self._spark_has_data():
+            self.last_data_ts = now
+        return now - (self.last_data_ts or since)
+
+    def _spark_has_data(self) -> bool:
+        try:
+            return bool(self.query is not None and self.query.status.get("isDataAvailable"))
+        except Exception:  # noqa: BLE001 - a stopped query has no status
+            return False
 
     def stop(self) -> None:
         """No micro-batch after the one being handed over; the query stopped."""

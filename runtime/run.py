@@ -192,13 +192,16 @@ def main(argv: list[str] | None = None) -> int:
              f"stream, or choose another --out")
 
     with engine_session(topo.name, args.address, topo=topo, spark=sizing) as spark:
-        from actors.pipeline import run_pipeline
+        from actors.pipeline import run_live, run_pipeline
         from actors.spark_input import build_dataframe
 
         live = topo.input.stream
         df = build_dataframe(spark, topo).cache() if args.verify and not live else None
-        report = run_pipeline(topo, out, spark, progress=not args.no_progress, df=df,
+        if live:  # restarts from its checkpoint if the aggregator dies
+            report = run_live(topo, out, spark, progress=not args.no_progress,
                               resume=args.resume)
+        else:
+            report = run_pipeline(topo, out, spark, progress=not args.no_progress, df=df)
         if args.verify and live:  # every file that arrived, read once the stream ended
             df = build_dataframe(spark, topo)
         verdict = verify_result(topo, df, Path(out)) if args.verify else None

@@ -8,6 +8,8 @@ mode: the cluster's capacity is 4 x 10,000 = 40,000 msgs/s. A writer thread
 drops Parquet files into the stream's directory (written as ``_name``, then
 renamed) at a chosen rate.
 
+The writer starts once the run's first result is written (the stream is up).
+
 - overload: files at 3x capacity for 60 s (``run.duration_s``). Every process
   of the run (actors, the Spark JVM, this driver) is sampled each second; it
   prints each one's RSS 10 s in and its peak after, and the run's lag.
@@ -65,8 +67,11 @@ class Writer(threading.Thread):
     """Drops a file of ``rows_per_s * every_s`` rows every ``every_s`` for ``seconds``."""
 
     def __init__(self, words: Any, directory: Path, rows_per_s: float, seconds: float,
-                 every_s: float = 0.5) -> None:
+                 every_s: float = 0.5, after: Path | None = None) -> None:
+        """``after``: start once this result file holds rows (the stream is up:
+        no backlog piles up while Spark starts)."""
         super().__init__(daemon=True)
+        self.after = after
         self.words, self.dir = words, directory
         self.rows = int(rows_per_s * every_s)
         self.seconds, self.every_s = seconds, every_s
@@ -74,6 +79,8 @@ class Writer(threading.Thread):
         self.stop = threading.Event()
 
     def run(self) -> None:
+        while self.after is not None and not self.stop.is_set() and not _counted(self.after):
+            time.sleep(0.05)
         start = time.time()
         k = 0
         while not self.stop.is_set() and time.time() - start < self.seconds:
@@ -84,6 +91,14 @@ class Writer(threading.Thread):
             self.written += self.rows
             k += 1
             self.stop.wait(max(0.0, start + k * self.every_s - time.time()))
+
+
+def _counted(result: Path) -> bool:
+    """The run's live result holds the first file (the stream is up)."""
+    try:
+        return pq.read_table(result).num_rows > 0
+    except (OSError, ValueError):
+        return False
 
 
 class MemorySampler(threading.Thread):
@@ -116,12 +131,13 @@ def overload(spark: Any, base: Path, words: Any, lines: list[str]) -> None:
 
     d = base / "overload-in"
     d.mkdir(parents=True)
-    writer = Writer(words, d, 3 * CAPACITY, seconds=70)
+    writer = Writer(words, d, 3 * CAPACITY, seconds=70,
+                    after=base / "overload" / "result.parquet")
     pq.write_table(words.slice(0, 1000), d / "f-first.parquet")
     mem = MemorySampler()
     writer.start()
     mem.start()
-    topo = _topology("stream-overload", d, True, duration_s=60)
+    topo = _topology("stream-overload", d, True, duration_s=65)
     rep = run_pipeline(topo, base / "overload", spark, progress=False, log=lambda m: None)
     writer.stop.set()
     mem.stop.set()
@@ -153,7 +169,7 @@ def latency(spark: Any, base: Path, words: Any, lines: list[str]) -> None:
     d = base / "latency-in"
     d.mkdir(parents=True)
     pq.write_table(words.slice(0, 1000), d / "f-first.parquet")
-    writer = Writer(words, d, rate, seconds=30)
+    writer = Writer(words, d, rate, seconds=30, after=base / "latency-stream" / "result.parquet")
     writer.start()
     live = run_pipeline(_topology("stream-80", d, True, until_idle_s=5), base / "latency-stream",
                         spark, progress=False, log=lambda m: None)
