@@ -75,15 +75,17 @@ def _run_ray(topo: Topology, out: Path, address: str | None, progress: bool) -> 
     import ray
 
     from actors import spark_input
-    from actors.pipeline import run_pipeline
+    from actors.pipeline import run_live, run_pipeline
 
+    # a live stream restarts from its checkpoint if the aggregator dies
+    runner = run_live if topo.input.stream else run_pipeline
     if ray.is_initialized() and spark_input.session_cpus() > 0:  # a running session
         spark = spark_input.start_spark()  # (returns the running one)
-        return run_pipeline(topo, out, spark, progress=progress, log=lambda m: None)
+        return runner(topo, out, spark, progress=progress, log=lambda m: None)
     from runtime.run import engine_session
 
     with engine_session(topo.name, address, topo=topo) as spark:
-        return run_pipeline(topo, out, spark, progress=progress, log=lambda m: None)
+        return runner(topo, out, spark, progress=progress, log=lambda m: None)
 
 
 __all__ = ["ENGINES", "load", "run"]
