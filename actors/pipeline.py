@@ -225,11 +225,6 @@ class _Throttling:
                 self.status[node] = {"error": repr(e)}
 
 
-def _first_line(e: BaseException) -> str:
-    lines = str(e).strip().splitlines()
-    return lines[0] if lines else e.__class__.__name__
-
-
 def _stream_checkpoint(topo: Topology, out_dir: str | Path,
                        resume: bool) -> ckpt_mod.Checkpoint | None:
     """The checkpoint a live stream resumes from (``None``: a new stream);
@@ -259,39 +254,53 @@ def _stream_checkpoint(topo: Topology, out_dir: str | Path,
     return ckpt
 
 
-class AggregatorLost(RuntimeError):
-    """A live stream's aggregator died: ``run_live`` restarts from the checkpoint."""
+class StreamRestart(RuntimeError):
+    """A live stream lost an actor it cannot replace in place - the aggregator
+    (it holds the result) or a source (its inbox is in memory): ``run_live``
+    restarts the stream from its checkpoint."""
 
 
-def _aggregator_alive(agg: Any) -> bool:
+def _lost_actor(agg: Any, faults: Any) -> str | None:
+    """``"the aggregator"`` or ``"source-i"`` if it died, else ``None``."""
     try:
         ray.get(agg.pid.remote(), timeout=10)
-        return True
     except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError):
-        return False
+        return "the aggregator"
+    runs = list(getattr(faults, "runs", []))  # none before the sources started
+    ready, _ = ray.wait(runs, num_returns=len(runs), timeout=0)
+    for ref in ready:
+        try:
+            ray.get(ref)
+        except ray.exceptions.RayActorError:
+            return f"source-{runs.index(ref)}"
+        except Exception:  # noqa: BLE001 - another failure: not a lost actor
+            continue
+    return None
 
 
 def run_live(topo: Topology, out_dir: str | Path, spark: Any, *, resume: bool = False,
              restarts: int = 3, log: Callable[[str], None] | None = None,
              **kw: Any) -> dict[str, Any]:
-    """``run_pipeline`` for a live stream: when the aggregator dies, the stream
-    restarts from its last checkpoint (at most ``restarts`` times); the report
-    is the last attempt's, with ``stream.aggregator_restarts``."""
+    """``run_pipeline`` for a live stream: when the aggregator or a source dies,
+    the stream restarts from its last checkpoint (at most ``restarts`` times;
+    the topology's ``faults`` are not injected again). The report is the last
+    attempt's, with ``stream.restarts`` (why each restart happened)."""
     say = log or (lambda m: print(m, file=sys.stderr))
-    for attempt in range(restarts + 1):
+    causes: list[str] = []
+    while True:
         try:
             report = run_pipeline(topo, out_dir, spark, resume=resume, log=log, **kw)
-        except AggregatorLost as e:
-            if not topo.run.checkpoint or attempt == restarts:
-                raise TopologyError(f"the aggregator died ({e}); the checkpoint in {out_dir} "
-                                    f"is intact: continue with --resume") from None
-            say(f"[{topo.name}] the aggregator died: restarting the stream from its "
-                f"checkpoint")
+        except StreamRestart as e:
+            if not topo.run.checkpoint or len(causes) == restarts:
+                raise TopologyError(f"{e}; the checkpoint in {out_dir} is intact: continue "
+                                    f"with --resume") from None
+            say(f"[{topo.name}] {e}: restarting the stream from its checkpoint")
+            causes.append(str(e))
+            topo = topo.model_copy(update={"faults": []})  # injected once
             resume = True
             continue
-        report["stream"]["aggregator_restarts"] = attempt
+        report["stream"]["restarts"] = causes
         return report
-    raise AssertionError("unreachable")
 
 
 class _LiveResults:
@@ -422,6 +431,8 @@ def run_pipeline(
 
         def make_source(s: int, epoch: int = 0, dead: list[int] | None = None) -> Any:
             """Source ``s`` (``epoch`` > 0: a restart after it died, see actors.faults)."""
+            if epoch > 0 and topo.input.stream:  # its inbox died with it
+                raise StreamRestart(f"source-{s} died")
             src = Source.options(name=f"source-{s}" + (f".{epoch}" if epoch else ""),
                                  namespace=namespace, max_concurrency=4,
                                  **actor_options(topo.placement.get(f"source-{s}"))).remote(
@@ -531,8 +542,10 @@ def run_pipeline(
         result = ray.get(agg.result.remote())
         agg_stats = ray.get(agg.stats.remote())
     except Exception as e:
-        if stream is not None and not _aggregator_alive(agg):
-            raise AggregatorLost(_first_line(e)) from e
+        if stream is not None and not isinstance(e, StreamRestart):
+            lost = _lost_actor(agg, faults)
+            if lost is not None:
+                raise StreamRestart(f"{lost} died") from e
         raise
     finally:
         bar.close()

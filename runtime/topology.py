@@ -423,9 +423,6 @@ class Topology(_Strict):
                 if name in self.run.model_fields_set:
                     raise ValueError(f"run.{name}: only for a live stream (input.stream: true)")
         for i, f in enumerate(self.faults):
-            if self.input.stream and f.kill.startswith("source-"):
-                raise ValueError(f"faults.{i}.kill: restarting a source is not supported on a "
-                                 f"live stream yet (got {f.kill!r}); kill a worker")
             kind, _, idx = f.kill.partition("-")
             limit = self.workers.count if kind == "worker" else self.sources
             if int(idx) >= limit:

@@ -187,8 +187,6 @@ def test_stream_topology(tmp_path) -> None:
     ({}, {"until_idle_s": 3}, {}, "run.until_idle_s: only for a live stream"),
     ({}, {"duration_s": 3}, {}, "run.duration_s: only for a live stream"),
     ({"stream": True}, {"until_idle_s": 0}, {}, "run.until_idle_s"),
-    ({"stream": True}, {}, {"faults": [{"at_s": 1, "kill": "source-0"}]},
-     "faults.0.kill: restarting a source is not supported on a live stream"),
 ])
 def test_stream_fields_are_checked(tmp_path, input_spec, run, over, message) -> None:
     spec = {k: v for k, v in input_spec.items() if v is not None}
