@@ -39,6 +39,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 import pyarrow.parquet as pq  # noqa: E402
+from drop_files import FileDropper  # noqa: E402
 
 from runtime.report import default_out_dir  # noqa: E402
 from runtime.topology import load_topology  # noqa: E402
@@ -61,36 +62,6 @@ def _topology(name: str, path: Path, stream: bool, files_per_trigger: int | None
         "app": {"kind": "wordcount", "aggregate_every_s": 1.0},
         "run": {"batch": 1000, **run},
     })
-
-
-class Writer(threading.Thread):
-    """Drops a file of ``rows_per_s * every_s`` rows every ``every_s`` for ``seconds``."""
-
-    def __init__(self, words: Any, directory: Path, rows_per_s: float, seconds: float,
-                 every_s: float = 0.5, after: Path | None = None) -> None:
-        """``after``: start once this result file holds rows (the stream is up:
-        no backlog piles up while Spark starts)."""
-        super().__init__(daemon=True)
-        self.after = after
-        self.words, self.dir = words, directory
-        self.rows = int(rows_per_s * every_s)
-        self.seconds, self.every_s = seconds, every_s
-        self.written = 0
-        self.stop = threading.Event()
-
-    def run(self) -> None:
-        while self.after is not None and not self.stop.is_set() and not _counted(self.after):
-            time.sleep(0.05)
-        start = time.time()
-        k = 0
-        while not self.stop.is_set() and time.time() - start < self.seconds:
-            off = (k * self.rows) % (self.words.num_rows - self.rows)
-            tmp = self.dir / f"_f{k}"
-            pq.write_table(self.words.slice(off, self.rows), tmp)
-            os.replace(tmp, self.dir / f"f{k:06d}.parquet")
-            self.written += self.rows
-            k += 1
-            self.stop.wait(max(0.0, start + k * self.every_s - time.time()))
 
 
 def _counted(result: Path) -> bool:
@@ -131,8 +102,8 @@ def overload(spark: Any, base: Path, words: Any, lines: list[str]) -> None:
 
     d = base / "overload-in"
     d.mkdir(parents=True)
-    writer = Writer(words, d, 3 * CAPACITY, seconds=70,
-                    after=base / "overload" / "result.parquet")
+    writer = FileDropper(words, d, 3 * CAPACITY, seconds=70,
+                         start_when=lambda: _counted(base / "overload" / "result.parquet"))
     pq.write_table(words.slice(0, 1000), d / "f-first.parquet")
     mem = MemorySampler()
     writer.start()
@@ -169,7 +140,8 @@ def latency(spark: Any, base: Path, words: Any, lines: list[str]) -> None:
     d = base / "latency-in"
     d.mkdir(parents=True)
     pq.write_table(words.slice(0, 1000), d / "f-first.parquet")
-    writer = Writer(words, d, rate, seconds=30, after=base / "latency-stream" / "result.parquet")
+    writer = FileDropper(words, d, rate, seconds=30,
+                         start_when=lambda: _counted(base / "latency-stream" / "result.parquet"))
     writer.start()
     live = run_pipeline(_topology("stream-80", d, True, until_idle_s=5), base / "latency-stream",
                         spark, progress=False, log=lambda m: None)
