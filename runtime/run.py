@@ -248,6 +248,8 @@ def verify_result(topo: Topology, df: Any, out: Path) -> dict[str, Any]:
     from actors.spark_input import reference_result
     from runtime.operators import table_diff
 
+    print(f"[{topo.name}] verify: computing Spark's answer on the same input",
+          file=sys.stderr, flush=True)
     ref = reference_result(df, topo.app.model_dump())
     got = pq.read_table(out / "result.parquet")
     equal = table_diff(got, ref) is None  # floats within 1e-9 relative (DESIGN.md)

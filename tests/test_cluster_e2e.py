@@ -181,7 +181,14 @@ def test_killing_a_worker_nodes_raylet_mid_run_is_survived_exactly(cluster, tmp_
             assert proc.poll() is None, "the run ended before the node could be killed"
             k = _cluster("kill-node", "slow", "--port", str(cluster["port"]), timeout=30)
             assert k.returncode == 0, k.stderr
-            stdout, _ = proc.communicate(timeout=240)
+            try:
+                stdout, _ = proc.communicate(timeout=300)
+            except subprocess.TimeoutExpired as e:  # say where it stood, not only that it hung
+                out_tail = (e.stdout or b"")[-3000:]
+                pytest.fail(f"the run did not end within 300 s of the node's death\n"
+                            f"--- its stderr:\n{err_path.read_text()[-5000:]}\n"
+                            f"--- its stdout:\n{out_tail!r}\n--- the cluster:\n"
+                            f"{_cluster('status', '--port', str(cluster['port'])).stdout}")
         finally:
             if proc.poll() is None:
                 proc.kill()
