@@ -438,7 +438,7 @@ def run_pipeline(
                                  **actor_options(topo.placement.get(f"source-{s}"))).remote(
                 s, shards[s], workers, topo.grouping.scheme, n, run.seed + s,
                 topo.grouping_params(), batch=run.batch, max_inflight=run.max_inflight,
-                call_messages=run.call_messages,
+                call_messages=run.call_messages, linger_s=run.linger_ms / 1000,
                 rate_per_source=run.rate / topo.sources, key="key", columns=columns,
                 vw_every_s=run.slot_s, aggregator=agg, epoch=epoch,
                 dead_workers=inactive if dead is None else dead,
@@ -687,6 +687,7 @@ def build_report(
                      "throttle": topo.workers.throttle, "batch": topo.run.batch,
                      "max_inflight": topo.run.max_inflight, "rate": topo.run.rate,
                      "call_messages": topo.run.call_messages,
+                     "linger_ms": topo.run.linger_ms,
                      "slot_s": slot_s, "queue_batches": topo.workers.queue_batches,
                      "grouping": topo.grouping_params()},
         "aggregator": agg_stats,

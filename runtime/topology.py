@@ -377,6 +377,10 @@ class RunSpec(_Strict):
     #: most messages in one call to a worker: a worker's routed sub-batches
     #: that wait for a free in-flight slot are coalesced into one call up to it
     call_messages: PosInt = 8192
+    #: a source holds a worker's routed messages back up to this long to fill
+    #: one call (to ``call_messages``, or half its memory bound), so calls
+    #: carry more than one micro-batch; 0 sends as soon as a window is open
+    linger_ms: NonNegFloat = 10.0
     #: worker utilization time slot (s) for load signals and time series
     slot_s: Annotated[float, Field(gt=0)] = 0.5
     #: live stream: stop after this many seconds without new data

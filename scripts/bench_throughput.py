@@ -1,9 +1,11 @@
 """The throughput table: the whole pipeline with no emulated work, per batch size and scheme.
 
     python scripts/bench_throughput.py [--messages 2000000] [--batches 1000,5000]
-                                       [--schemes kg,cg,acg,fish] [--offered 0.8] [--out DIR]
+                                       [--lingers 5] [--schemes kg,cg,acg,fish]
+                                       [--offered 0.8] [--out DIR]
 
-One Ray + Spark session. For every batch size, every scheme runs twice on the
+One Ray + Spark session. For every batch size and ``run.linger_ms`` (``--lingers``,
+default the topology's default), every scheme runs twice on the
 same generated Zipf(1.0) input (100,000 keys, 2 sources, 4 workers,
 ``service_us: 0``, word count): saturated (``run.rate = 0``: msgs/s, the
 mean messages per actor call) and at ``--offered`` x its own saturated rate
@@ -33,24 +35,30 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--messages", type=int, default=2_000_000)
     p.add_argument("--batches", default="1000,5000")
+    p.add_argument("--lingers", default=None,
+                   help="run.linger_ms values to compare (default: the default only)")
     p.add_argument("--schemes", default="kg,cg,acg,fish")
     p.add_argument("--offered", type=float, default=0.8)
     p.add_argument("--out", type=Path, default=None)
     args = p.parse_args()
     schemes = parse_schemes(args.schemes)
     batches = [int(b) for b in args.batches.split(",") if b]
+    from runtime.topology import RunSpec
+
+    lingers = ([float(x) for x in args.lingers.split(",") if x] if args.lingers
+               else [RunSpec().linger_ms])
     out = args.out or default_out_dir("throughput")
 
-    def topo(scheme: str, batch: int, rate: float) -> Any:
+    def topo(scheme: str, batch: int, linger: float, rate: float) -> Any:
         return load_topology({
-            "name": f"throughput-{scheme}-{batch}",
+            "name": f"throughput-{scheme}-{batch}-{linger:g}ms",
             "input": {"format": "zipf", "messages": args.messages, "keys": 100_000,
                       "skew": 1.0},
             "sources": 2,
             "workers": {"count": 4, "service_us": 0},
             "grouping": {"scheme": scheme},
             "app": {"kind": "wordcount", "aggregate_every_s": 1.0},
-            "run": {"batch": batch, "rate": rate},
+            "run": {"batch": batch, "linger_ms": linger, "rate": rate},
         })
 
     def say(m: str) -> None:
@@ -58,33 +66,35 @@ def main() -> int:
 
     from runtime.run import engine_session
 
-    reports: dict[tuple[int, str, str], dict[str, Any]] = {}
-    lines = [f"| batch | scheme | msgs/s | msgs/call | load s | stream s | "
+    reports: dict[tuple[int, float, str, str], dict[str, Any]] = {}
+    lines = [f"| batch | linger ms | scheme | msgs/s | msgs/call | load s | stream s | "
              f"p50 ms at {args.offered:g}x | p99 ms at {args.offered:g}x |",
-             "|---:|---|---:|---:|---:|---:|---:|---:|"]
+             "|---:|---:|---|---:|---:|---:|---:|---:|---:|"]
     with engine_session("bench-throughput") as spark:
         for batch in batches:
-            for phase in ("saturated", "offered"):
-                topos = [topo(s, batch, 0.0 if phase == "saturated" else args.offered
-                              * reports[(batch, s, "saturated")]["throughput_msgs_per_s"])
-                         for s in schemes]
-                pending = iter(schemes)
+            for linger in lingers:
+                for phase in ("saturated", "offered"):
+                    topos = [topo(s, batch, linger, 0.0 if phase == "saturated" else
+                                  args.offered * reports[(batch, linger, s, "saturated")]
+                                  ["throughput_msgs_per_s"]) for s in schemes]
+                    pending = iter(schemes)
 
-                def keep(report: dict[str, Any], b: int = batch, ph: str = phase,
-                         it: Any = pending) -> None:
-                    reports[(b, next(it), ph)] = report
+                    def keep(report: dict[str, Any], b: int = batch, lg: float = linger,
+                             ph: str = phase, it: Any = pending) -> None:
+                        reports[(b, lg, next(it), ph)] = report
 
-                run_all(topos, "ray", out / f"batch-{batch}" / phase, address=None,
-                        progress=False, say=say, spark=spark, on_run=keep)
-            for s in schemes:
-                sat, off = reports[(batch, s, "saturated")], reports[(batch, s, "offered")]
-                calls = sum(x.get("calls", 0) for x in sat["sources"])
-                routed = sum(x["routed"] for x in sat["sources"])
-                lines.append(
-                    f"| {batch:,} | {s} | {sat['throughput_msgs_per_s']:,.0f} | "
-                    f"{routed / max(calls, 1):,.0f} | {sat['load_s']:.1f} | "
-                    f"{sat['duration_s']:.1f} | {off['latency_ms']['p50']:,.1f} | "
-                    f"{off['latency_ms']['p99']:,.1f} |")
+                    run_all(topos, "ray", out / f"batch-{batch}-linger-{linger:g}" / phase,
+                            address=None, progress=False, say=say, spark=spark, on_run=keep)
+                for s in schemes:
+                    sat = reports[(batch, linger, s, "saturated")]
+                    off = reports[(batch, linger, s, "offered")]
+                    calls = sum(x.get("calls", 0) for x in sat["sources"])
+                    routed = sum(x["routed"] for x in sat["sources"])
+                    lines.append(
+                        f"| {batch:,} | {linger:g} | {s} | {sat['throughput_msgs_per_s']:,.0f} | "
+                        f"{routed / max(calls, 1):,.0f} | {sat['load_s']:.1f} | "
+                        f"{sat['duration_s']:.1f} | {off['latency_ms']['p50']:,.1f} | "
+                        f"{off['latency_ms']['p99']:,.1f} |")
     stamp = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
     text = (f"throughput, {stamp}: {args.messages:,} Zipf(1.0) messages, 2 sources, "
             f"4 workers, service_us 0, word count\n\n" + "\n".join(lines) + "\n")

@@ -12,7 +12,7 @@ import pytest
 from conftest import FakeTime
 
 from actors.aggregator import AggregatorCore
-from actors.source import SourceCore
+from actors.source import SourceCore, rebatch
 from actors.worker import WorkerCore
 from runtime.grouping import make_grouping
 from runtime.operators import WorkerApp, builtin_operator
@@ -305,10 +305,10 @@ def test_outboxes_are_bounded_and_keep_fifo_per_worker() -> None:
     longest = 0
     flush = src._flush
 
-    def watching_flush() -> None:
+    def watching_flush(force: bool = False) -> None:
         nonlocal longest
         longest = max(longest, int((src._outbox_n + src._inflight_n).max()))
-        flush()
+        flush(force)
 
     src._flush = watching_flush
     stats = src.run([pa.table({"key": [f"k{i}" for i in range(100)]}) for _ in range(40)])
@@ -367,6 +367,69 @@ def test_queued_sub_batches_are_coalesced_into_calls_up_to_the_cap() -> None:
     assert total == collections.Counter(keys * 60)
 
 
+class InstantAcks(DirectTransport):
+    """Workers with no emulated work whose acks are there as soon as anyone looks."""
+
+    def wait(self, tokens, timeout):
+        return [x for tok in tokens for x in DirectTransport.wait(self, [tok], None)]
+
+
+def _calls_of(linger_s: float, rate: float = 0.0) -> tuple[list[tuple[float, int, float]],
+                                                            dict, collections.Counter]:
+    """A source (sg over 2 workers, batches of 100) with ``linger_s``: each call's
+    (time sent, messages, its oldest message's emit time), the stats and the count."""
+    ft = FakeTime()
+    partials: list = []
+    op = builtin_operator("wordcount")
+    workers = [WorkerCore(i, WorkerApp(op), service_us=0.0, clock=ft.clock, sleep=ft.sleep,
+                          t0=ft.t, sink=partials.append, aggregate_every_s=0.05)
+               for i in range(2)]
+    transport = InstantAcks(workers)
+    calls: list[tuple[float, int, float]] = []
+    send = transport.send
+
+    def recording_send(worker, parts):
+        calls.append((ft.t, sum(len(p) for p in parts), min(min(p.emit_ts) for p in parts)))
+        return send(worker, parts)
+
+    transport.send = recording_send
+    src = SourceCore(0, make_grouping("sg", 2, seed=0), transport, n_workers=2,
+                     max_inflight=2, linger_s=linger_s, rate_per_source=rate,
+                     clock=ft.clock, sleep=ft.sleep, t0=ft.t)
+    keys = [f"k{i % 37}" for i in range(100)]
+    stats = src.run([pa.table({"key": keys}) for _ in range(60)])  # 50 per worker and batch
+    total: collections.Counter = collections.Counter()
+    for w in workers:
+        w.finish()
+    for p in partials:
+        t = builtin_operator("wordcount").finish(p.partial)
+        total.update(dict(zip(t.column("key").to_pylist(), t.column("count").to_pylist(),
+                              strict=True)))
+    assert total == collections.Counter(keys * 60)
+    assert stats["acked"] == 6_000
+    return calls, stats, total
+
+
+def test_lingering_outboxes_fill_calls_across_micro_batches() -> None:
+    """Routing as fast as it can, a source holds a worker's sub-batches back
+    until they fill half the memory bound ((2 + 2) x 100 / 2 = 200 messages):
+    calls carry four micro-batches' shares instead of one, and the count is exact."""
+    eager, eager_stats, _ = _calls_of(0.0)
+    filled, stats, _ = _calls_of(0.005)
+    assert [n for _, n, _ in eager] == [50] * 120  # the windows were never full
+    assert [n for _, n, _ in filled] == [200] * 30
+    assert stats["calls"] == 30 and eager_stats["calls"] == 120
+
+
+def test_a_paced_source_sends_a_lingering_outbox_when_it_is_due() -> None:
+    """Paced at 1,000 msgs/s (a batch every 0.1 s), nothing fills a call: every
+    call leaves exactly ``linger_s`` after its micro-batch was due."""
+    calls, stats, _ = _calls_of(0.005, rate=1_000.0)
+    assert stats["calls"] == len(calls) == 120
+    for sent, n, emit in calls:
+        assert n == 50 and sent - emit == pytest.approx(0.005, abs=1e-9)
+
+
 def test_a_dead_processing_thread_fails_waiting_batches_instead_of_hanging() -> None:
     """A flush that raises (e.g. an aggregator without ``commit``) kills the
     processing thread: every batch queued before or after gets the error."""
@@ -417,3 +480,21 @@ def test_a_dead_processing_thread_fails_waiting_batches_instead_of_hanging() -> 
     assert not late.is_alive() and len(results) == 7
     assert isinstance(results[-1], RuntimeError)
     assert str(results[-1]) == "worker-0 processing thread died: AttributeError('no commit')"
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_rebatch_cuts_the_stream_the_same_whatever_its_blocks(seed: int) -> None:
+    """A shard read block by block and cut by the source gives the batches Ray
+    Data's ``iter_batches(batch_size=...)`` gave: ``rows`` rows each, the last
+    shorter, boundaries set by the stream alone (a restart relies on them)."""
+    rng = np.random.default_rng(seed)
+    n = int(rng.integers(0, 5_000))
+    stream = pa.table({"key": [f"k{i}" for i in range(n)], "value": np.arange(n)})
+    cuts = np.sort(rng.integers(0, n + 1, size=int(rng.integers(0, 12))))
+    bounds = [0, *cuts.tolist(), n]
+    blocks = [stream.slice(a, b - a) for a, b in zip(bounds, bounds[1:], strict=False)]
+    rows = int(rng.integers(1, 1_200))
+    got = list(rebatch(blocks, rows))
+    assert [t.num_rows for t in got] == [min(rows, n - i) for i in range(0, n, rows)]
+    assert (pa.concat_tables(got).equals(stream) if got else n == 0)
+

@@ -113,6 +113,10 @@ def test_idle_source_sends_what_its_outboxes_hold() -> None:
     before = ft.t
     src.idle(0.02)  # nothing left: it sleeps
     assert ft.t == pytest.approx(before + 0.02)
+    src.linger_s = 60.0  # no data to wait for: an outbox does not linger
+    src._route_entries(2, *_routed(src, _table(5, 20)))
+    src.idle(0.02)
+    assert src._outbox_n[0] == 0 and src.calls == 3
 
 
 def _routed(src: SourceCore, table: pa.Table):
