@@ -60,11 +60,9 @@ def run(topology: Topology | dict[str, Any] | str | os.PathLike[str], *, engine:
 
     out_dir = Path(out) if out is not None else default_out_dir(topo.name)
     if engine == "sim":
-        from runtime.sim import simulate
+        from runtime.sim import SimEngine
 
-        res = simulate(topo)
-        res.write(out_dir)
-        report = dict(res.report)
+        report = SimEngine().run(topo, out_dir, progress=progress)
     else:
         report = _run_ray(topo, out_dir, address, progress)
     report["out"] = str(out_dir)
@@ -72,20 +70,10 @@ def run(topology: Topology | dict[str, Any] | str | os.PathLike[str], *, engine:
 
 
 def _run_ray(topo: Topology, out: Path, address: str | None, progress: bool) -> dict[str, Any]:
-    import ray
+    from actors.engine import RayEngine
 
-    from actors import spark_input
-    from actors.pipeline import run_live, run_pipeline
-
-    # a live stream restarts from its checkpoint if the aggregator dies
-    runner = run_live if topo.input.stream else run_pipeline
-    if ray.is_initialized() and spark_input.session_cpus() > 0:  # a running session
-        spark = spark_input.start_spark()  # (returns the running one)
-        return runner(topo, out, spark, progress=progress, log=lambda m: None)
-    from runtime.run import engine_session
-
-    with engine_session(topo.name, address, topo=topo) as spark:
-        return runner(topo, out, spark, progress=progress, log=lambda m: None)
+    with RayEngine(topo.name, address, topo=topo) as ray_engine:
+        return ray_engine.run(topo, out, progress=progress, log=lambda m: None)
 
 
 __all__ = ["ENGINES", "load", "run"]

@@ -17,15 +17,19 @@ result.parquet, report.png), ``compare.csv``, ``compare.md`` and
 
 from __future__ import annotations
 
+import contextlib
 import sys
 from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
 
 from runtime.cli import base_parser, check_address, fail, load_or_exit, parse_schemes, run_main
+from runtime.engine import Engine
 from runtime.report import default_out_dir
+from runtime.run import check_input_columns
 from runtime.topology import Topology
 
 #: every comparison: the baselines, the papers' schemes, the newest peer, ours, and the
@@ -70,13 +74,15 @@ def topologies(path: str, overrides: Sequence[str], schemes: Sequence[str],
 
 def row(report: dict[str, Any]) -> dict[str, Any]:
     lat = report["latency_ms"]
+    eff = report.get("capacity_efficiency")
     return {
         "scheme": report["scheme"],
         "engine": report["engine"],
         "messages": report["messages"]["processed"],
         "duration_s": report["duration_s"],
         "throughput_msgs_per_s": report["throughput_msgs_per_s"],
-        "capacity_efficiency": report.get("capacity_efficiency", float("nan")),
+        # null without an emulated service time (no capacity to compare with)
+        "capacity_efficiency": float("nan") if eff is None else eff,
         "latency_p50_ms": lat["p50"],
         "latency_p99_ms": lat["p99"],
         "imbalance_mean": report["imbalance"]["mean"],
@@ -134,60 +140,44 @@ def plot_compare(series: dict[str, pd.DataFrame], rows: Sequence[dict[str, Any]]
     plt.close(fig)
 
 
-def run_all(topos: Sequence[Topology], engine: str, out: Path, *, address: str | None,
-            progress: bool, say: Callable[[str], None], spark: Any = None,
+def open_engine(engine: str, address: str | None, topo: Topology,
+                ) -> AbstractContextManager[Engine]:
+    """The engine ``run_all`` runs ``topo``'s schemes on: the simulator, or a
+    Ray + Spark session (``actors.engine.RayEngine``, attached to ``address``)
+    once ``topo``'s input passed its checks (else exit 2 before Ray starts)."""
+    if engine == "sim":
+        from runtime.sim import SimEngine
+
+        return contextlib.nullcontext(SimEngine())
+    check_input_columns(topo)
+    from actors.engine import RayEngine
+
+    return RayEngine(f"compare-{topo.name}", address, topo=topo)
+
+
+def run_all(topos: Sequence[Topology], engine: Engine, out: Path, *, progress: bool,
+            say: Callable[[str], None],
             on_run: Callable[[dict[str, Any]], None] | None = None,
             ) -> tuple[list[dict], dict]:
     """Run every topology on ``engine``; returns the table rows and time series.
 
-    The topologies share one input (``topos[0]``'s). ``spark``: a session the
-    caller already started (``runtime.run.engine_session``), so that several
-    ``run_all`` calls share one Ray + Spark session; by default the real
-    engine starts and stops its own. ``on_run(report)`` is called after each run.
+    The topologies share one input, ``topos[0]``'s, read once
+    (``engine.shared_input``). ``on_run(report)`` is called after each run.
     """
     rows: list[dict[str, Any]] = []
     series: dict[str, pd.DataFrame] = {}
-
-    def record(topo: Topology, report: dict[str, Any], run_dir: Path) -> None:
-        rows.append(row(report))
-        series[topo.grouping.scheme] = pd.read_csv(run_dir / "timeseries.csv")
-        r = rows[-1]
-        say(f"[{topo.grouping.scheme}] {r['throughput_msgs_per_s']:,.0f} msgs/s, "
-            f"efficiency {r['capacity_efficiency']:.3f}, p99 {r['latency_p99_ms']:,.1f} ms, "
-            f"replication {r['replication']:.2f}")
-        if on_run is not None:
-            on_run(report)
-
-    if engine == "sim":
-        from runtime.sim import simulate
-        from runtime.sim.inputs import load_input
-
-        inp = load_input(topos[0])
-        for topo in topos:
-            res = simulate(topo, sim_input=inp)
-            run_dir = res.write(out / topo.grouping.scheme)
-            record(topo, res.report, run_dir)
-        return rows, series
-
-    from runtime.run import check_input_columns, engine_session
-
-    def run_ray(spark: Any) -> None:
-        from actors.pipeline import run_pipeline
-        from actors.spark_input import build_dataframe
-
-        df = build_dataframe(spark, topos[0]).cache()
+    with engine.shared_input(topos[0]) as data:
         for topo in topos:
             run_dir = out / topo.grouping.scheme
-            report = run_pipeline(topo, run_dir, spark, progress=progress, log=say, df=df)
-            record(topo, report, run_dir)
-        df.unpersist()
-
-    check_input_columns(topos[0])
-    if spark is not None:
-        run_ray(spark)
-        return rows, series
-    with engine_session(f"compare-{topos[0].name}", address, topo=topos[0]) as session:
-        run_ray(session)
+            report = engine.run(topo, run_dir, progress=progress, log=say, data=data)
+            rows.append(row(report))
+            series[topo.grouping.scheme] = pd.read_csv(run_dir / "timeseries.csv")
+            r = rows[-1]
+            say(f"[{topo.grouping.scheme}] {r['throughput_msgs_per_s']:,.0f} msgs/s, "
+                f"efficiency {r['capacity_efficiency']:.3f}, p99 {r['latency_p99_ms']:,.1f} ms, "
+                f"replication {r['replication']:.2f}")
+            if on_run is not None:
+                on_run(report)
     return rows, series
 
 
@@ -215,8 +205,8 @@ def main(argv: list[str] | None = None) -> int:
     def say(m: str) -> None:
         print(m, file=sys.stderr)
 
-    rows, series = run_all(topos, args.engine, out, address=args.address,
-                           progress=not args.no_progress, say=say)
+    with open_engine(args.engine, args.address, topos[0]) as engine:
+        rows, series = run_all(topos, engine, out, progress=not args.no_progress, say=say)
     table = markdown_table(rows)
     offered = f", offered {args.offered:g}x capacity" if args.offered else ", rate 0 (saturated)"
     title = f"{name} on {args.engine}{offered}"

@@ -2,22 +2,21 @@
 
 The discrete-event simulator: the same topology and report schema as
 ``runtime.run`` (``"engine": "sim"``), in simulated time. The model is in
-``runtime.sim.engine``; the Python API is ``runtime.sim.simulate``.
+``runtime.sim.engine``; the Python API is ``runtime.sim.simulate``, and
+``runtime.sim.SimEngine`` runs it here (simulate, write the outputs).
 Input files are read with pyarrow here (the real runtime reads them through
 Spark); generated streams are identical in both engines.
 """
 
 from __future__ import annotations
 
-import sys
 import time
 
 from runtime.cli import base_parser, load_or_exit, run_main
 from runtime.input_check import SHARD_BLOCK_ROWS
 from runtime.report import default_out_dir, summary_table
-from runtime.sim import SimResult, simulate
+from runtime.sim import SimEngine, SimResult, simulate
 from runtime.sim.engine import DEFAULT_ACK_DELAY_MS
-from runtime.sim.inputs import load_input
 
 __all__ = ["SimResult", "main", "simulate"]
 
@@ -35,26 +34,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--no-plot", action="store_true", help="skip report.png")
     args = p.parse_args(argv)
     topo = load_or_exit(args.topology, args.overrides)
-    t0 = time.perf_counter()
-    inp = load_input(topo)
-    bar = None
-    if not args.no_progress:
-        from tqdm import tqdm
-
-        bar = tqdm(total=inp.n, unit="msg", unit_scale=True, desc="simulated (acked)",
-                   file=sys.stderr, mininterval=0.5, leave=False)
-    try:
-        res = simulate(topo, ack_delay_ms=args.ack_delay_ms, sim_input=inp,
-                       shard_block_rows=args.shard_block_rows,
-                       progress=bar.update if bar is not None else None)
-    finally:
-        if bar is not None:
-            bar.close()
+    engine = SimEngine(ack_delay_ms=args.ack_delay_ms, shard_block_rows=args.shard_block_rows,
+                       plot=not args.no_plot)
     out = args.out or default_out_dir(topo.name)
-    res.write(out, plot=not args.no_plot)
-    print(summary_table(res.report))
+    t0 = time.perf_counter()
+    report = engine.run(topo, out, progress=not args.no_progress)
+    print(summary_table(report))
     wall = time.perf_counter() - t0
-    n = res.report["messages"]["input"]
+    n = report["messages"]["input"]
     print(f"\nsimulated {n:,} messages in {wall:.2f} s ({n / wall:,.0f} msgs/s, input and "
           f"outputs included); outputs in {out}")
     return 0

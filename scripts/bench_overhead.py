@@ -4,7 +4,7 @@ Both pipelines get the same Spark-generated input (through RayDP, one Ray
 dataset shard per source), the same number of source and worker actors, the
 same micro-batch size and in-flight window, and no emulated service time:
 
-- ours: ``actors.pipeline.run_pipeline`` (word count; hashing, the grouping,
+- ours: ``actors.engine.RayEngine.run`` (word count; hashing, the grouping,
   backpressure, signals, latency histograms, metrics, periodic aggregation);
 - bare: a source actor per shard that reads the same micro-batches, routes
   them by ``hash % n`` with pandas' vectorized hash, and calls plain worker
@@ -29,6 +29,7 @@ the median ratio payload / keys-only (goal >= 0.85: at most 15% fewer msgs/s).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import statistics
 import sys
 import tempfile
@@ -152,26 +153,26 @@ def main() -> int:
     topo_cols = topology({"kind": "operator", "operator": "runtime.operators.counting:WordCount",
                           "columns": columns}) if columns else None
 
-    from actors.pipeline import run_pipeline, shard_block_rows
-    from actors.spark_input import build_dataframe, to_ray_shards
-    from runtime.run import engine_session
+    from actors.engine import RayEngine
+    from actors.pipeline import shard_block_rows
+    from actors.spark_input import to_ray_shards
 
     rows = []
-    with engine_session("bench-overhead") as spark:
-        df = build_dataframe(spark, topo).cache()
+    with contextlib.ExitStack() as session:
+        engine = session.enter_context(RayEngine("bench-overhead"))
+        df = session.enter_context(engine.shared_input(topo))
         df.count()
         shards = to_ray_shards(df, topo.sources, block_rows=shard_block_rows(topo))
         for s in shards:
             s.materialize()
         df_cols = None
         if topo_cols is not None:
-            df_cols = build_dataframe(spark, topo_cols).cache()
+            df_cols = session.enter_context(engine.shared_input(topo_cols))
             df_cols.count()
 
         def ours(t: Any, frame: Any) -> float:
             with tempfile.TemporaryDirectory() as d:
-                rep = run_pipeline(t, Path(d) / "run", spark, progress=False,
-                                   log=lambda m: None, df=frame)
+                rep = engine.run(t, Path(d) / "run", log=lambda m: None, data=frame)
             assert rep["messages"]["processed"] == args.messages, rep["messages"]
             return float(rep["throughput_msgs_per_s"])
 

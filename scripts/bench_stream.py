@@ -41,6 +41,7 @@ sys.path.insert(0, str(ROOT))
 import pyarrow.parquet as pq  # noqa: E402
 from drop_files import FileDropper  # noqa: E402
 
+from runtime.engine import Engine  # noqa: E402
 from runtime.report import default_out_dir  # noqa: E402
 from runtime.topology import load_topology  # noqa: E402
 
@@ -97,9 +98,7 @@ class MemorySampler(threading.Thread):
                 self.samples.setdefault(p.pid, []).append((time.time() - start, rss, label))
 
 
-def overload(spark: Any, base: Path, words: Any, lines: list[str]) -> None:
-    from actors.pipeline import run_pipeline
-
+def overload(engine: Engine, base: Path, words: Any, lines: list[str]) -> None:
     d = base / "overload-in"
     d.mkdir(parents=True)
     writer = FileDropper(words, d, 3 * CAPACITY, seconds=70,
@@ -109,7 +108,7 @@ def overload(spark: Any, base: Path, words: Any, lines: list[str]) -> None:
     writer.start()
     mem.start()
     topo = _topology("stream-overload", d, True, duration_s=65)
-    rep = run_pipeline(topo, base / "overload", spark, progress=False, log=lambda m: None)
+    rep = engine.run(topo, base / "overload", log=lambda m: None)
     writer.stop.set()
     mem.stop.set()
     mem.join()
@@ -133,9 +132,7 @@ def overload(spark: Any, base: Path, words: Any, lines: list[str]) -> None:
     lines.append("")
 
 
-def latency(spark: Any, base: Path, words: Any, lines: list[str]) -> None:
-    from actors.pipeline import run_pipeline
-
+def latency(engine: Engine, base: Path, words: Any, lines: list[str]) -> None:
     rate = 0.8 * CAPACITY
     d = base / "latency-in"
     d.mkdir(parents=True)
@@ -143,13 +140,13 @@ def latency(spark: Any, base: Path, words: Any, lines: list[str]) -> None:
     writer = FileDropper(words, d, rate, seconds=30,
                          start_when=lambda: _counted(base / "latency-stream" / "result.parquet"))
     writer.start()
-    live = run_pipeline(_topology("stream-80", d, True, until_idle_s=5), base / "latency-stream",
-                        spark, progress=False, log=lambda m: None)
+    live = engine.run(_topology("stream-80", d, True, until_idle_s=5), base / "latency-stream",
+                      log=lambda m: None)
     writer.join()
     finite_file = base / "latency-finite.parquet"
     pq.write_table(words.slice(0, writer.written), finite_file)
-    fin = run_pipeline(_topology("finite-80", finite_file, False, rate=rate),
-                       base / "latency-finite", spark, progress=False, log=lambda m: None)
+    fin = engine.run(_topology("finite-80", finite_file, False, rate=rate),
+                     base / "latency-finite", log=lambda m: None)
     lines += ["## Latency at 80% of capacity (32,000 msgs/s offered)", "",
               "| input | messages | p50 ms | p99 ms |", "|---|---|---|---|"]
     for name, r in (("live stream (files every 0.5 s)", live), ("finite file, paced", fin)):
@@ -160,9 +157,7 @@ def latency(spark: Any, base: Path, words: Any, lines: list[str]) -> None:
                   f"{live['latency_ms']['p99'] / fin['latency_ms']['p99']:.2f}", ""]
 
 
-def checkpoint(spark: Any, base: Path, words: Any, lines: list[str]) -> None:
-    from actors.pipeline import run_pipeline
-
+def checkpoint(engine: Engine, base: Path, words: Any, lines: list[str]) -> None:
     d = base / "checkpoint-in"
     d.mkdir(parents=True)
     for k in range(25):
@@ -175,7 +170,7 @@ def checkpoint(spark: Any, base: Path, words: Any, lines: list[str]) -> None:
         topo = _topology("stream-ckpt", d, True, files_per_trigger=1, until_idle_s=3,
                          checkpoint=on)
         out = base / f"checkpoint-{on}-{len(got)}"
-        r = run_pipeline(topo, out, spark, progress=False, log=lambda m: None)
+        r = engine.run(topo, out, log=lambda m: None)
         s = r["stream"]
         busy_s = r["duration_s"] - topo.run.until_idle_s  # the idle wait is not work
         rate = r["messages"]["processed"] / busy_s
@@ -197,13 +192,13 @@ def main() -> int:
     words = pq.read_table(WORDS).select(["key"])
     lines = [f"# Live streams ({datetime.now(UTC):%Y-%m-%d}, load average "
              f"{os.getloadavg()[0]:.2f} at the start)", ""]
-    from runtime.run import engine_session
+    from actors.engine import RayEngine
 
     todo = {"overload": overload, "latency": latency, "checkpoint": checkpoint}
-    with engine_session("bench-stream") as spark:
+    with RayEngine("bench-stream") as engine:
         for name in args.only.split(","):
             print(f"[bench_stream] {name} ...", file=sys.stderr, flush=True)
-            todo[name](spark, out, words, lines)
+            todo[name](engine, out, words, lines)
             print("\n".join(lines), file=sys.stderr, flush=True)
     (out / "stream.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))

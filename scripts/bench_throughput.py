@@ -64,13 +64,13 @@ def main() -> int:
     def say(m: str) -> None:
         print(m, file=sys.stderr, flush=True)
 
-    from runtime.run import engine_session
+    from actors.engine import RayEngine
 
     reports: dict[tuple[int, float, str, str], dict[str, Any]] = {}
     lines = [f"| batch | linger ms | scheme | msgs/s | msgs/call | load s | stream s | "
              f"p50 ms at {args.offered:g}x | p99 ms at {args.offered:g}x |",
              "|---:|---:|---|---:|---:|---:|---:|---:|---:|"]
-    with engine_session("bench-throughput") as spark:
+    with RayEngine("bench-throughput") as engine:
         for batch in batches:
             for linger in lingers:
                 for phase in ("saturated", "offered"):
@@ -83,8 +83,8 @@ def main() -> int:
                              ph: str = phase, it: Any = pending) -> None:
                         reports[(b, lg, next(it), ph)] = report
 
-                    run_all(topos, "ray", out / f"batch-{batch}-linger-{linger:g}" / phase,
-                            address=None, progress=False, say=say, spark=spark, on_run=keep)
+                    run_all(topos, engine, out / f"batch-{batch}-linger-{linger:g}" / phase,
+                            progress=False, say=say, on_run=keep)
                 for s in schemes:
                     sat = reports[(batch, linger, s, "saturated")]
                     off = reports[(batch, linger, s, "offered")]

@@ -23,7 +23,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from runtime.cli import parse_schemes  # noqa: E402
-from runtime.compare import run_all, topologies  # noqa: E402
+from runtime.compare import open_engine, run_all, topologies  # noqa: E402
 from runtime.report import default_out_dir  # noqa: E402
 
 
@@ -43,10 +43,10 @@ def main() -> int:
 
     sat_topos = topologies(args.topology, [], schemes, None)
     off_topos = topologies(args.topology, [], schemes, args.offered)
-    sat, _ = run_all(sat_topos, args.engine, out / "saturated", address=None,
-                     progress=False, say=say)
-    off, _ = run_all(off_topos, args.engine, out / f"offered-{args.offered:g}", address=None,
-                     progress=False, say=say)
+    with open_engine(args.engine, None, sat_topos[0]) as engine:
+        sat, _ = run_all(sat_topos, engine, out / "saturated", progress=False, say=say)
+        off, _ = run_all(off_topos, engine, out / f"offered-{args.offered:g}", progress=False,
+                         say=say)
     rate = off[0]["offered_msgs_per_s"]
     lines = [
         f"| scheme | msgs/s (rate 0) | capacity efficiency | replication | "

@@ -5,8 +5,8 @@
 
 Default topology: ``scripts/soak.yaml`` (10M messages of an evolving Zipf
 stream, capacity changes, a worker SIGKILLed mid-run). Runs it on the real
-engine (``actors.pipeline.run_pipeline``), computes Spark's own answer on the
-same DataFrame, compares row for row, and prints (and writes to
+engine (``actors.engine.RayEngine``), computes Spark's own answer on the
+same cached DataFrame, compares row for row, and prints (and writes to
 ``DIR/soak.json``) the figures docs/reliability.md quotes: messages, failures
 survived with their recovery, peak memory per actor, duration. Exit 1 if the
 result differs.
@@ -40,18 +40,15 @@ def main(argv: list[str] | None = None) -> int:
         print(e, file=sys.stderr)
         return 2
     out = Path(a.out or default_out_dir(f"soak-{topo.name}"))
-    from runtime.run import engine_session
+    import pyarrow.parquet as pq
+
+    from actors.engine import RayEngine
+    from actors.spark_input import reference_result
 
     t_all = time.time()
-    with engine_session(topo.name, a.address) as spark:
-        import pyarrow.parquet as pq
-
-        from actors.pipeline import run_pipeline
-        from actors.spark_input import build_dataframe, reference_result
-
-        df = build_dataframe(spark, topo).cache()
+    with RayEngine(topo.name, a.address) as engine, engine.shared_input(topo) as df:
         t = time.time()
-        report = run_pipeline(topo, out, spark, df=df)
+        report = engine.run(topo, out, progress=True, data=df)
         run_s = time.time() - t
         t = time.time()
         ref = reference_result(df, topo.app.kind, topo.app.top_k)

@@ -20,7 +20,7 @@ import contextlib
 import math
 import re
 import sys
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -33,6 +33,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from runtime.cli import Parser, fail, parse_schemes  # noqa: E402,F401 (re-exported for the scripts)
+from runtime.engine import Engine  # noqa: E402
 
 ENGINES = ("sim", "ray", "both")
 
@@ -149,29 +150,19 @@ def positive_int(option: str, value: int, low: int = 1) -> int:
 
 
 @contextlib.contextmanager
-def session(engine: str, app_name: str, address: str | None,
-            spark: Any = None) -> Iterator[Any]:
-    """``None`` for the simulator; one Ray + RayDP Spark session for the real
-    engine, shared by every run inside the ``with`` (started once: ~10-20 s).
-    ``spark``: an already running session to use instead (left running)."""
-    if engine == "sim" or spark is not None:
-        yield None if engine == "sim" else spark
+def session(engine: str, app_name: str, address: str | None) -> Iterator[Engine]:
+    """The engine every run inside the ``with`` shares: the simulator, or one
+    Ray + RayDP Spark session (``actors.engine.RayEngine``; started once:
+    ~10-20 s, or the session already running in this process, left running)."""
+    if engine == "sim":
+        from runtime.sim import SimEngine
+
+        yield SimEngine()
         return
-    from runtime.run import engine_session
+    from actors.engine import RayEngine
 
-    with engine_session(app_name, address) as spark:
-        yield spark
-
-
-def run_group(topos: Sequence[Any], engine: str, out: Path, spark: Any,
-              say: Callable[[str], None], on_run: Callable[[dict[str, Any]], None],
-              ) -> tuple[list[dict[str, Any]], dict[str, pd.DataFrame]]:
-    """Every topology of ``topos`` (same input, one per scheme) through
-    ``runtime.compare.run_all``, in the shared session."""
-    from runtime.compare import run_all
-
-    return run_all(topos, engine, out, address=None, progress=False, say=say,
-                   spark=spark, on_run=on_run)
+    with RayEngine(app_name, address) as ray_engine:
+        yield ray_engine
 
 
 def progress_bar(total: int, desc: str, enabled: bool) -> Any:

@@ -45,6 +45,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import stress_common as sc  # noqa: E402
 
 from runtime.cli import run_main  # noqa: E402
+from runtime.compare import run_all  # noqa: E402
 from runtime.report import default_out_dir  # noqa: E402
 from runtime.topology import Topology, TopologyError, load_topology  # noqa: E402
 
@@ -246,7 +247,7 @@ def plot(df: pd.DataFrame, title: str, path: Path) -> None:
 
 
 def run_grid(cfg: dict[str, Any], engine_names: list[str], out: Path, *, address: str | None,
-             progress: bool, spark: Any = None) -> pd.DataFrame:
+             progress: bool) -> pd.DataFrame:
     """Run every cell; returns grid.csv's frame (also written as it grows)."""
     cells = [(h, z) for h in cfg["hetero"] for z in cfg["skews"]]
     rows: list[dict[str, Any]] = []
@@ -258,7 +259,7 @@ def run_grid(cfg: dict[str, Any], engine_names: list[str], out: Path, *, address
             bar.write(m, file=sys.stderr)
 
         try:
-            with sc.session(engine, "stress-grid", address, spark) as session:
+            with sc.session(engine, "stress-grid", address) as session:
                 for h, z in cells:
                     topos = [cell_topology(cfg, h, z, s) for s in cfg["schemes"]]
                     bar.set_postfix_str(f"{h.label} z={z:g}")
@@ -267,8 +268,8 @@ def run_grid(cfg: dict[str, Any], engine_names: list[str], out: Path, *, address
                     def on_run(report: dict[str, Any], bar: Any = bar) -> None:
                         bar.update(1)
 
-                    done, _ = sc.run_group(topos, engine, out / engine / f"{h.label}-z{z:g}",
-                                           session, say, on_run)
+                    done, _ = run_all(topos, session, out / engine / f"{h.label}-z{z:g}",
+                                      progress=False, say=say, on_run=on_run)
                     for r in done:
                         rows.append(cell_row(engine, h, z, by_scheme[r["scheme"]], r))
                     pd.DataFrame(rows, columns=list(CSV_COLUMNS)).to_csv(out / "grid.csv",

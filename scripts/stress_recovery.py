@@ -65,6 +65,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import stress_common as sc  # noqa: E402
 
 from runtime.cli import run_main  # noqa: E402
+from runtime.compare import run_all  # noqa: E402
 from runtime.report import default_out_dir  # noqa: E402
 from runtime.topology import Topology, TopologyError, load_topology  # noqa: E402
 
@@ -409,7 +410,7 @@ def plot(series: dict[str, dict[str, pd.DataFrame]], df: pd.DataFrame, cfg: dict
 
 
 def run_all_scenarios(cfg: dict[str, Any], engine_names: list[str], out: Path, *,
-                      address: str | None, progress: bool, spark: Any = None,
+                      address: str | None, progress: bool,
                       ) -> tuple[pd.DataFrame, dict[str, dict[str, dict[str, pd.DataFrame]]]]:
     rows: list[dict[str, Any]] = []
     series: dict[str, dict[str, dict[str, pd.DataFrame]]] = {}
@@ -427,12 +428,12 @@ def run_all_scenarios(cfg: dict[str, Any], engine_names: list[str], out: Path, *
             bar.update(1)
 
         try:
-            with sc.session(engine, "stress-recovery", address, spark) as session:
+            with sc.session(engine, "stress-recovery", address) as session:
                 for s in scen:
                     bar.set_postfix_str(s.name)
                     say(f"[{engine}] {s.name}: {s.what}; {s.messages:,} messages")
-                    done, ts = sc.run_group(topos[s.name], engine, out / engine / s.name,
-                                            session, say, on_run)
+                    done, ts = run_all(topos[s.name], session, out / engine / s.name,
+                                       progress=False, say=say, on_run=on_run)
                     series[engine][s.name] = {}
                     service_us = topos[s.name][0].workers.service_us
                     for r in done:

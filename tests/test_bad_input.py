@@ -49,8 +49,9 @@ def _no_engine(*args: Any, **kwargs: Any) -> Any:
 
 @pytest.fixture(autouse=True)
 def no_engine(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Bad input must fail before Ray/Spark start: starting them is a test failure."""
-    monkeypatch.setattr(run_mod, "engine_session", _no_engine)
+    """Bad input must fail before Ray/Spark start: starting them (the entry
+    points' ``actors.engine.RayEngine``) is a test failure."""
+    monkeypatch.setattr("actors.engine.RayEngine", _no_engine)
 
 
 TOOLS: dict[str, Callable[[str, Path], list[str]]] = {
@@ -448,9 +449,9 @@ def test_a_failed_write_leaves_nothing(tmp_path: Path, monkeypatch: pytest.Monke
     import pandas as pd
 
     from runtime import plots, report
+    from runtime.sim import simulate
 
-    rep = {k: 0 for k in report.REQUIRED_KEYS}
-    rep.update(latency_ms={}, imbalance={}, signals={}, messages={}, workers=[])
+    rep = simulate({"name": "t", "input": {"format": "zipf", "messages": 1000, "keys": 10}}).report
 
     def boom(*a: Any, **k: Any) -> None:
         raise RuntimeError("disk full")

@@ -1,7 +1,10 @@
 """The layering the README's Layout section describes, checked on the source:
 ``actors/`` is the only Ray layer; the core (``runtime/``) never imports Ray,
-RayDP, Spark or ``actors`` outside its entry points; the grouping code is pure
-(numpy, numba, mmh3 and the standard library, plus the core's own kernels)."""
+RayDP, Spark or ``actors`` outside its entry points, and those import an
+engine only inside a function (the engine seam: ``runtime.engine``, with
+``actors.engine.RayEngine`` behind it), so ``--check`` and ``--help`` never
+load Ray; the grouping code is pure (numpy, numba, mmh3 and the standard
+library, plus the core's own kernels)."""
 
 from __future__ import annotations
 
@@ -20,10 +23,24 @@ ENGINE = {"ray", "raydp", "pyspark", "actors"}
 #: Spark's own answer); every other module of runtime/ is core
 ENTRY_POINTS = {"runtime/run.py", "runtime/compare.py", "runtime/top.py", "runtime/api.py",
                 "runtime/operators/reference.py"}
+#: the command-line and Python entry points: each reaches the engine layer from
+#: one function (the Spark reference may call pyspark from several)
+COMMANDS = ("runtime/run.py", "runtime/compare.py", "runtime/api.py", "runtime/top.py")
 #: what runtime/grouping may import
 GROUPING_THIRD_PARTY = {"numpy", "numba", "llvmlite", "mmh3"}
 GROUPING_FIRST_PARTY = {"runtime.grouping", "runtime.jit", "runtime.hashing",
                         "runtime.sketches", "runtime.signals"}
+
+
+def _absolute(node: ast.Import | ast.ImportFrom, package: tuple[str, ...]) -> set[str]:
+    if isinstance(node, ast.Import):
+        return {a.name for a in node.names}
+    if not node.level:
+        return {str(node.module)}
+    base = ".".join(package[: len(package) - node.level + 1])
+    if node.module:
+        return {f"{base}.{node.module}"}
+    return {f"{base}.{a.name}" for a in node.names}  # from . import x: x is a module
 
 
 def imports(path: Path, root: Path = ROOT) -> set[str]:
@@ -33,17 +50,25 @@ def imports(path: Path, root: Path = ROOT) -> set[str]:
     package = path.relative_to(root).with_suffix("").parts[:-1]
     out: set[str] = set()
     for node in ast.walk(tree):
-        if isinstance(node, ast.Import):
-            out.update(a.name for a in node.names)
-        elif isinstance(node, ast.ImportFrom):
-            if not node.level:
-                out.add(str(node.module))
-                continue
-            base = ".".join(package[: len(package) - node.level + 1])
-            if node.module:
-                out.add(f"{base}.{node.module}")
-            else:  # from . import x: x is a module of the package
-                out.update(f"{base}.{a.name}" for a in node.names)
+        if isinstance(node, ast.Import | ast.ImportFrom):
+            out |= _absolute(node, package)
+    return out
+
+
+def engine_imports_by_function(path: Path) -> dict[str | None, set[str]]:
+    """The engine modules ``path`` imports, by the top-level function (or class)
+    whose body holds the import; ``None``: at module level."""
+    tree = ast.parse(path.read_text(), filename=str(path))
+    package = path.relative_to(ROOT).with_suffix("").parts[:-1]
+    out: dict[str | None, set[str]] = {}
+    for top in tree.body:
+        where = top.name if isinstance(top, ast.FunctionDef | ast.AsyncFunctionDef
+                                       | ast.ClassDef) else None
+        for node in ast.walk(top):
+            if isinstance(node, ast.Import | ast.ImportFrom):
+                found = {m for m in _absolute(node, package) if m.split(".")[0] in ENGINE}
+                if found:
+                    out.setdefault(where, set()).update(found)
     return out
 
 
@@ -59,12 +84,28 @@ def test_the_module_lists_are_not_empty() -> None:
     assert len(CORE) > 20 and len(GROUPING) > 10
     for entry in ENTRY_POINTS:
         assert (ROOT / entry).exists(), entry
+    assert set(COMMANDS) <= ENTRY_POINTS
 
 
 @pytest.mark.parametrize("path", CORE, ids=rel)
 def test_the_core_never_imports_an_engine(path: Path) -> None:
     bad = sorted(m for m in imports(path) if m.split(".")[0] in ENGINE)
     assert not bad, f"{rel(path)} imports {bad}: only actors/ and the entry points may"
+
+
+def test_the_engine_seam_and_the_simulator_are_core() -> None:
+    core = {rel(p) for p in CORE}
+    assert "runtime/engine.py" in core
+    sim = {rel(p) for p in (RUNTIME / "sim").rglob("*.py")}
+    assert sim and sim <= core, sorted(sim - core)
+
+
+@pytest.mark.parametrize("entry", sorted(ENTRY_POINTS))
+def test_entry_points_import_an_engine_only_inside_a_function(entry: str) -> None:
+    found = engine_imports_by_function(ROOT / entry)
+    assert None not in found, f"{entry} imports {sorted(found[None])} at module level"
+    if entry in COMMANDS:
+        assert len(found) <= 1, f"{entry} reaches the engine from {sorted(found)}: one only"
 
 
 @pytest.mark.parametrize("path", GROUPING, ids=rel)

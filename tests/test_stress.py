@@ -249,7 +249,7 @@ def test_grid_on_the_real_engine(ray_spark, tmp_path: Path) -> None:
          "--workers", "2", "--messages", "8000", "--keys", "500", "--service-us", "200",
          "--no-progress"])
     cfg = sg.settings(args)
-    df = sg.run_grid(cfg, ["ray"], tmp_path, address=None, progress=False, spark=ray_spark)
+    df = sg.run_grid(cfg, ["ray"], tmp_path, address=None, progress=False)
     assert df["scheme"].tolist() == ["kg", "cg"] and (df["engine"] == "ray").all()
     assert (df["messages"] == 8000).all()
     assert ((df["capacity_efficiency"] > 0) & (df["capacity_efficiency"] < 1.2)).all()

@@ -1,0 +1,214 @@
+"""The real engine: one Ray + RayDP Spark session and the runs inside it.
+
+``RayEngine`` is ``runtime.engine.Engine`` on Ray::
+
+    with RayEngine(topo.name, address, topo=topo, spark=SparkSizing()) as engine:
+        report = engine.run(topo, out_dir)
+
+Entering starts Ray (local, or attached to the cluster at ``address``) and a
+RayDP Spark session (``engine_session``); leaving stops both, on every exit
+path (SIGTERM included). A session already running in this process (a
+notebook, a test session) is used instead and left running. ``run`` picks
+``actors.pipeline.run_live`` for a live stream and ``run_pipeline`` for any
+other input; ``verify_result`` compares a run's result with Spark's own answer.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import logging
+import os
+import signal
+import sys
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+import ray
+
+from actors import cluster, spark_input, telemetry
+from actors.pipeline import run_live, run_pipeline
+from runtime.cli import fail
+from runtime.topology import Topology
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@dataclasses.dataclass(frozen=True)
+class SparkSizing:
+    """RayDP's Spark executors: how many, cores (Ray CPUs held) and JVM heap each."""
+
+    executors: int = 1
+    cores: int = 1
+    memory: str = "1GB"
+    #: more Spark settings (``--spark-conf KEY=VALUE``)
+    conf: tuple[tuple[str, str], ...] = ()
+
+    @property
+    def cpus(self) -> float:
+        return float(self.executors * self.cores)
+
+
+def _sigterm(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt
+
+
+def _announce(ctx: Any) -> None:
+    """Where to watch: the Ray dashboard, the cluster address, the live view."""
+    gcs = (getattr(ctx, "address_info", None) or {}).get("gcs_address", "?")
+    url = getattr(ctx, "dashboard_url", None)
+    dash = f"dashboard http://{url}, " if url else ""
+    print(f"ray: {dash}cluster {gcs} (ray list actors --address {gcs}); "
+          f"live view: python -m runtime.top", file=sys.stderr)
+
+
+@contextlib.contextmanager
+def engine_session(app_name: str, address: str | None = None, *,
+                   topo: Topology | None = None, spark: SparkSizing | None = None,
+                   ) -> Iterator[Any]:
+    """Ray (local, or the cluster at ``address``) and a RayDP Spark session;
+    both are shut down on every exit path (SIGTERM included).
+
+    ``topo``: checked against the cluster right after ``ray.init``, before
+    Spark starts (a ``placement`` no node can serve -> ``TopologyError``).
+    ``spark``: the executors RayDP starts (default one executor, 1 core, 1 GB).
+    On an existing cluster nothing here is node-local: actors are named in the
+    run's namespace, other nodes' workers are throttled by a ``ThrottleActor``
+    on their node, and the outputs are written by this driver.
+    """
+    sizing = spark or SparkSizing()
+
+    signal.signal(signal.SIGTERM, _sigterm)
+    # a failed run says why in one line; Ray would also print the traceback of
+    # every other call that failed with it and whose result nobody fetched
+    os.environ.setdefault("RAY_IGNORE_UNHANDLED_ERRORS", "1")
+    pythonpath = os.pathsep.join(x for x in (str(ROOT), os.environ.get("PYTHONPATH")) if x)
+    os.environ["PYTHONPATH"] = pythonpath  # workers started by this driver import our code
+    runtime_env: dict[str, Any] = {"env_vars": {"PYTHONPATH": pythonpath}}
+    if topo is not None and topo.app.kind == "operator" and topo.app.operator:
+        from runtime.operators import runtime_env_for
+
+        # the user's operator reaches every node with the job (Ray's runtime environment)
+        runtime_env.update(runtime_env_for(topo.app.operator, topo.base_dir))
+    # a cluster we start pushes live metrics every second (runtime.top); an
+    # existing cluster keeps its own settings
+    starts = address is None and not os.environ.get("RAY_ADDRESS")
+    system_config = telemetry.ray_system_config() if starts else {}
+    try:
+        try:
+            ctx = ray.init(address=address, runtime_env=runtime_env,
+                           logging_level=logging.WARNING, log_to_driver=False,
+                           _system_config=system_config or None)
+        except ConnectionError as e:
+            fail(f"--address: cannot attach to the Ray cluster at {address!r} ({e})")
+        if topo is not None:  # before anything else is printed: one line, exit 2
+            cluster.check_placement(topo, spark_cpus=sizing.cpus)
+        _announce(ctx)
+        yield spark_input.start_spark(app_name=app_name, executor_memory=sizing.memory,
+                                      num_executors=sizing.executors,
+                                      executor_cores=sizing.cores,
+                                      extra_configs=dict(sizing.conf))
+    finally:
+        try:
+            spark_input.stop_spark()
+        finally:
+            if ray.is_initialized():
+                ray.shutdown()
+
+
+class RayEngine:
+    """``runtime.engine.Engine`` on Ray, fed by Spark; a context manager that
+    owns the session (``engine_session``'s arguments) - or, when a Ray + Spark
+    session is already running in this process, uses it and leaves it running.
+    ``spark`` is the Spark session while inside the ``with``."""
+
+    def __init__(self, app_name: str, address: str | None = None, *,
+                 topo: Topology | None = None, spark: SparkSizing | None = None) -> None:
+        self.app_name, self.address, self.topo, self.sizing = app_name, address, topo, spark
+        self.spark: Any = None
+        self._session = contextlib.ExitStack()
+
+    def __enter__(self) -> RayEngine:
+        if ray.is_initialized() and spark_input.session_cpus() > 0:
+            self.spark = spark_input.start_spark()  # (returns the running one)
+        else:
+            self.spark = self._session.enter_context(engine_session(
+                self.app_name, self.address, topo=self.topo, spark=self.sizing))
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.spark = None
+        self._session.__exit__(kind, exc, tb)
+
+    @contextlib.contextmanager
+    def shared_input(self, topo: Topology) -> Iterator[Any]:
+        """``topo``'s input as a cached DataFrame (read by Spark once),
+        unpersisted when the block ends."""
+        df = spark_input.build_dataframe(self.spark, topo).cache()
+        yield df
+        df.unpersist()
+
+    def run(self, topo: Topology, out_dir: str | os.PathLike[str], *, progress: bool = False,
+            log: Callable[[str], None] | None = None, data: Any = None, resume: bool = False,
+            verify: bool = False) -> dict[str, Any]:
+        """Run ``topo``, write its outputs to ``out_dir``, return the report.
+
+        A live stream (``input.stream``) runs with ``run_live``: it restarts
+        from its checkpoint if the aggregator or a source dies; ``resume``
+        continues the stream whose checkpoint is in ``out_dir``. Any other
+        input runs with ``run_pipeline`` on ``data`` (a ``shared_input``
+        DataFrame) if given. ``verify``: then compare ``result.parquet`` with
+        Spark's own answer on the same input (``verify_result``); the report
+        gets the verdict as ``verify``.
+        """
+        live, out = topo.input.stream, Path(out_dir)
+        if verify and not live and data is None:  # Spark's answer on the very rows the run read
+            with self.shared_input(topo) as df:
+                return self.run(topo, out, progress=progress, log=log, data=df, verify=True)
+        if live:
+            report = run_live(topo, out, self.spark, progress=progress, log=log, resume=resume)
+        else:
+            report = run_pipeline(topo, out, self.spark, progress=progress, log=log, df=data)
+        if verify:  # a live stream: every file that arrived, read once the stream ended
+            df = spark_input.build_dataframe(self.spark, topo) if live else data
+            report["verify"] = verify_result(topo, df, out)
+        return report
+
+
+def verify_result(topo: Topology, df: Any, out: Path) -> dict[str, Any]:
+    """Compare ``out/result.parquet`` with Spark's answer on ``df``; add the
+    verdict to ``report.json`` as ``verify``."""
+    import pyarrow.parquet as pq
+
+    from runtime.operators import table_diff
+
+    print(f"[{topo.name}] verify: computing Spark's answer on the same input",
+          file=sys.stderr, flush=True)
+    ref = spark_input.reference_result(df, topo.app.model_dump())
+    got = pq.read_table(out / "result.parquet")
+    equal = table_diff(got, ref) is None  # floats within 1e-9 relative (DESIGN.md)
+    what = {"wordcount": "groupBy(key).count()", "naive-bayes": "groupBy(key, label).count()",
+            "heavy-hitters": f"exact top {topo.app.top_k}",
+            "aggregate": f"groupBy(key).agg({', '.join(topo.app.aggs or ())} of "
+                         f"{topo.app.value})"}[topo.app.kind]
+    verdict: dict[str, Any] = {
+        "against": f"spark {what}", "equal": bool(equal), "rows": got.num_rows,
+        "reference_rows": ref.num_rows,
+        "message": (f"result.parquet equals Spark's {what} ({ref.num_rows:,} rows)" if equal
+                    else f"MISMATCH: result.parquet ({got.num_rows:,} rows) differs from "
+                         f"Spark's {what} ({ref.num_rows:,} rows)"),
+    }
+    path = out / "report.json"
+    report = json.loads(path.read_text())
+    report["verify"] = verdict
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(report, indent=2))
+    os.replace(tmp, path)
+    return verdict
+
+
+__all__ = ["RayEngine", "SparkSizing", "engine_session", "verify_result"]
