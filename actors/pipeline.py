@@ -2,20 +2,28 @@
 
 ``run_pipeline(topo, out_dir, spark)`` runs one topology inside an already
 initialized Ray cluster with a RayDP Spark session (``runtime.run`` sets both
-up; tests share one session) and returns the report:
+up; tests share one session) and returns the report, phase by phase
+(``_PipelineRun``'s methods):
 
-1. load: ``build_dataframe`` + ``to_ray_shards`` (one shard per source);
+1. load: ``build_dataframe`` + ``to_ray_shards`` (one shard per source), or
+   a live stream's first file;
 2. actors: ``aggregator``, ``worker-<i>``, ``source-<i>`` (``num_cpus=0``: they
    are I/O and sleep bound, and Spark's executor needs the CPU), each run in
-   its own Ray namespace so names stay readable in the dashboard;
-3. throttle: a duty-cycle (or cpulimit) throttler per node - a thread here for
-   this node's workers, a pinned ``ThrottleActor`` for any other node -
+   its own Ray namespace so names stay readable in the dashboard, and the
+   ``actors.faults.Supervisor`` over them;
+3. throttling: a duty-cycle (or cpulimit) throttler per node - a thread here
+   for this node's workers, a pinned ``ThrottleActor`` for any other node -
    following ``workers.changes``; ``service`` mode instead tells each worker
    its new capacity;
-4. stream: the sources run; a progress bar on stderr (processed / total,
-   rate, current imbalance);
-5. finish: resume every process, final flush, the aggregator's table, and
-   ``report.json`` / ``timeseries.csv`` / ``result.parquet`` / ``report.png``.
+4. live input: a live stream's ``LiveInput``; the progress bar and live metrics;
+5. start: one ``t0`` for every actor, then the sources run;
+6. supervise: faults, capacity changes, a progress bar on stderr (processed /
+   total, rate, current imbalance), a live stream's results and stop conditions;
+7. drain: resume every process, final flush, the aggregator's table;
+8. report: the actors' statistics as ``runtime.report``'s engine-neutral
+   input (``measurements``), the shared report plus this engine's sections
+   (aggregator, throttlers, cluster, stream, failures), and ``report.json`` /
+   ``timeseries.csv`` / ``result.parquet`` / ``report.png``.
 
 Every throttled process is SIGCONTed and every actor of the run is killed on
 the way out, whatever happened.
@@ -32,7 +40,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import pandas as pd
 import ray
 
 from actors import aggregator as aggregator_mod
@@ -45,11 +52,10 @@ from actors import throttle as throttle_mod
 from actors import worker as worker_mod
 from actors.spark_input import build_dataframe, session_cpus, to_ray_shards
 from runtime import checkpoint as ckpt_mod
+from runtime import report as report_mod
 from runtime.grouping import SCHEMES
-from runtime.grouping.acg import coordinator_report
 from runtime.input_check import SHARD_BLOCK_ROWS
 from runtime.latency import LatencyHistogram
-from runtime.metrics import replication
 from runtime.placement import actor_options
 from runtime.report import write_result, write_run
 from runtime.topology import Topology, TopologyError
@@ -343,51 +349,86 @@ def run_pipeline(
     ``build_dataframe(spark, topo)``). ``resume``: a live stream continues from
     the checkpoint in ``out_dir`` (``runtime.checkpoint``).
     """
-    say = log or (lambda m: print(m, file=sys.stderr))
-    n = topo.workers.total_count  # added workers are started up front, idle until added
-    wspec, run = topo.workers, topo.run
-    caps = Capacities(topo)
-    stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%S%f")
-    namespace = f"{topo.name}-{stamp}"
-    actors: list[Any] = []
-    throttling: _Throttling | None = None
-    bar = _Progress(0, False)
-
-    # fail in seconds (exit 2) if the cluster can never host this placement
-    cluster_mod.check_placement(topo, spark_cpus=session_cpus())
-    t_load = time.time()
-    stops = StopRequests()
-    stream: stream_mod.LiveInput | None = None
-    distinct_input = None
-    resume_from = None
-    if topo.input.stream:
-        shards: list[Any] = [None] * topo.sources  # the sources are fed micro-batches
-        total = 0
-        resume_from = _stream_checkpoint(topo, out_dir, resume)
-        with stops:
-            if not stream_mod.wait_for_first_file(topo.input_path() or Path(),
-                                                  lambda: stops.signal is not None,
-                                                  topo.run.until_idle_s, say):
-                raise TopologyError(f"input.path: no file arrived in {topo.input.path!r}")
-        say(f"[{topo.name}] live stream over {topo.input.path}; actors in Ray namespace "
-            f"{namespace}")
-    else:
-        if df is None:
-            df = build_dataframe(spark, topo)
-        shards = to_ray_shards(df, topo.sources, block_rows=shard_block_rows(topo))
-        counts = [int(s.count()) for s in shards]
-        total = int(sum(counts))
-        if topo.sources > 1 and 0 in counts:
-            say(f"[{topo.name}] warning: uneven shards {counts} (a source has nothing to send)")
-        # heavy-hitters' result is only the top-k, an operator's anything: count the
-        # input's distinct keys instead (replication's denominator)
-        distinct_input = (int(df.select("key").distinct().count())
-                          if topo.app.kind in ("heavy-hitters", "operator") else None)
-        say(f"[{topo.name}] input ready: {total:,} messages in {topo.sources} shard(s), "
-            f"{time.time() - t_load:.1f} s; actors in Ray namespace {namespace}")
-    load_s = time.time() - t_load
-
+    r = _PipelineRun(topo, out_dir, spark, progress=progress, log=log)
+    r.load(df, resume)
     try:
+        r.start_actors()
+        r.start_throttling()
+        r.open_stream()
+        r.start()
+        r.supervise()
+        r.drain()
+    except Exception as e:
+        r.raise_restart_if_lost(e)
+        raise
+    finally:
+        r.release()
+    return r.write_outputs()
+
+
+class _PipelineRun:
+    """One run of ``run_pipeline``, phase by phase (the module's docstring);
+    what a phase finds out is kept for the phases after it."""
+
+    def __init__(self, topo: Topology, out_dir: str | Path, spark: Any, *, progress: bool,
+                 log: Callable[[str], None] | None) -> None:
+        self.topo, self.out_dir, self.spark, self.progress = topo, out_dir, spark, progress
+        self.say = log or (lambda m: print(m, file=sys.stderr))
+        self.n = topo.workers.total_count  # added workers are started up front, idle until added
+        self.caps = Capacities(topo)
+        stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%S%f")
+        self.namespace = f"{topo.name}-{stamp}"
+        self.actors: list[Any] = []
+        self.throttling: _Throttling | None = None
+        self.bar = _Progress(0, False)
+        self.stops = StopRequests()
+        self.stream: stream_mod.LiveInput | None = None
+        self.stopped_by: str | None = None
+        self.lag_max = 0
+
+    # ------------------------------------------------------------------ 1. load
+    def load(self, df: Any, resume: bool) -> None:
+        """The input: one Ray shard per source, or (a live stream) its first file."""
+        topo, say = self.topo, self.say
+        # fail in seconds (exit 2) if the cluster can never host this placement
+        cluster_mod.check_placement(topo, spark_cpus=session_cpus())
+        t_load = time.time()
+        self.distinct_input: int | None = None
+        self.resume_from: ckpt_mod.Checkpoint | None = None
+        if topo.input.stream:
+            self.shards: list[Any] = [None] * topo.sources  # the sources are fed micro-batches
+            self.total = 0
+            self.resume_from = _stream_checkpoint(topo, self.out_dir, resume)
+            with self.stops:
+                if not stream_mod.wait_for_first_file(topo.input_path() or Path(),
+                                                      lambda: self.stops.signal is not None,
+                                                      topo.run.until_idle_s, say):
+                    raise TopologyError(f"input.path: no file arrived in {topo.input.path!r}")
+            say(f"[{topo.name}] live stream over {topo.input.path}; actors in Ray namespace "
+                f"{self.namespace}")
+        else:
+            if df is None:
+                df = build_dataframe(self.spark, topo)
+            self.shards = to_ray_shards(df, topo.sources, block_rows=shard_block_rows(topo))
+            counts = [int(s.count()) for s in self.shards]
+            self.total = int(sum(counts))
+            if topo.sources > 1 and 0 in counts:
+                say(f"[{topo.name}] warning: uneven shards {counts} (a source has nothing to "
+                    f"send)")
+            # heavy-hitters' result is only the top-k, an operator's anything: count the
+            # input's distinct keys instead (replication's denominator)
+            self.distinct_input = (int(df.select("key").distinct().count())
+                                   if topo.app.kind in ("heavy-hitters", "operator") else None)
+            say(f"[{topo.name}] input ready: {self.total:,} messages in {topo.sources} "
+                f"shard(s), {time.time() - t_load:.1f} s; actors in Ray namespace "
+                f"{self.namespace}")
+        self.load_s = time.time() - t_load
+
+    # ------------------------------------------------------------------ 2. actors
+    def start_actors(self) -> None:
+        """The aggregator, the workers, the sources and the ``Supervisor`` over them."""
+        topo, n, namespace, caps = self.topo, self.n, self.namespace, self.caps
+        wspec, run, actors = topo.workers, topo.run, self.actors
         app = topo.app.model_dump()
         columns = topo.app.columns_needed()
         qcap = min(wspec.queue_batches, topo.sources * run.max_inflight)
@@ -403,7 +444,7 @@ def run_pipeline(
         agg = Agg.options(name="aggregator", namespace=namespace,
                           **actor_options(topo.placement.get("aggregator"))).remote(
             app, topo.base_dir, coordinator,
-            state=resume_from.state if resume_from is not None else None)
+            state=self.resume_from.state if self.resume_from is not None else None)
         actors.append(agg)
 
         Worker = worker_mod.actor_class()
@@ -423,11 +464,13 @@ def run_pipeline(
             workers.append(w)
             actors.append(w)
         # bounded: a placement the cluster cannot serve now fails instead of hanging
-        pids = cluster_mod.wait_for_actors([w.pid.remote() for w in workers],
-                                       [f"worker-{i}" for i in range(n)], topo.placement)
-        nodes = ray.get([w.node_id.remote() for w in workers])
+        self.pids = cluster_mod.wait_for_actors([w.pid.remote() for w in workers],
+                                                [f"worker-{i}" for i in range(n)],
+                                                topo.placement)
+        self.nodes = ray.get([w.node_id.remote() for w in workers])
 
         Source = source_mod.actor_class()
+        shards = self.shards
 
         def make_source(s: int, epoch: int = 0, dead: list[int] | None = None) -> Any:
             """Source ``s`` (``epoch`` > 0: a restart after it died, see actors.faults)."""
@@ -450,140 +493,179 @@ def run_pipeline(
 
         sources = [make_source(s) for s in range(topo.sources)]
         ray.get([s.prepare.remote() for s in sources])  # grouping compiled, first batch read
-        faults = faults_mod.FaultManager(topo, workers, sources, agg, make_source, say)
-        cluster_info = cluster_mod.cluster_summary(
+        self.agg, self.workers, self.sources = agg, workers, sources
+        self.faults = faults_mod.Supervisor(topo, workers, sources, agg, make_source, self.say)
+        self.cluster_info = cluster_mod.cluster_summary(
             {"aggregator": agg, **{f"worker-{i}": w for i, w in enumerate(workers)},
              **{f"source-{i}": s for i, s in enumerate(sources)}})
 
-        changes = [(c.at_s, c.worker, c.capacity) for c in wspec.changes]
+    # ------------------------------------------------------------------ 3. throttling
+    def start_throttling(self) -> None:
+        """A throttler per node when capacities are enforced by stopping processes."""
+        wspec = self.topo.workers
+        self.changes = [(c.at_s, c.worker, c.capacity) for c in wspec.changes]
         if wspec.throttle in ("duty-cycle", "cpulimit") and (
-                any(c < 1 for c in caps.initial) or changes):
-            throttling = _Throttling(wspec.throttle, pids, nodes, caps.initial, changes,
-                                     namespace)
+                any(c < 1 for c in self.caps.initial) or self.changes):
+            self.throttling = _Throttling(wspec.throttle, self.pids, self.nodes,
+                                          self.caps.initial, self.changes, self.namespace)
 
+    # ------------------------------------------------------------------ 4. live input
+    def open_stream(self) -> None:
+        """A live stream's input (``None`` otherwise), the progress bar and live metrics."""
+        topo, run = self.topo, self.topo.run
         if topo.input.stream:
-            stream = stream_mod.LiveInput(spark, topo, sources, out_dir, aggregator=agg,
-                                          checkpoint=run.checkpoint,
-                                          checkpoint_every_s=run.checkpoint_every_s,
-                                          resume_from=resume_from)
+            self.stream = stream_mod.LiveInput(self.spark, topo, self.sources, self.out_dir,
+                                               aggregator=self.agg,
+                                               checkpoint=run.checkpoint,
+                                               checkpoint_every_s=run.checkpoint_every_s,
+                                               resume_from=self.resume_from)
             if run.checkpoint:  # a --resume after this driver dies stops what is left
-                ckpt_mod.record_processes(out_dir)
-        bar = _Progress(None if stream else total, progress)
-        live = telemetry.RunTelemetry(namespace, name=topo.name, scheme=topo.grouping.scheme,
-                                      app=topo.app.kind, workers=n, sources=topo.sources,
-                                      messages=total)
-        t0 = time.time()
-        ray.get([w.start_run.remote(t0, namespace) for w in workers] + [agg.start_run.remote(t0)])
-        if throttling is not None:
-            throttling.start(t0)
-        faults.start(t0, namespace)  # the sources' runs (restarted ones replace theirs)
+                ckpt_mod.record_processes(self.out_dir)
+        self.bar = _Progress(None if self.stream else self.total, self.progress)
+        self.live = telemetry.RunTelemetry(self.namespace, name=topo.name,
+                                           scheme=topo.grouping.scheme, app=topo.app.kind,
+                                           workers=self.n, sources=topo.sources,
+                                           messages=self.total)
+
+    # ------------------------------------------------------------------ 5. start
+    def start(self) -> None:
+        """One ``t0`` for every actor; then the throttlers, the sources and the stream go."""
+        topo, stream = self.topo, self.stream
+        self.t0 = t0 = time.time()
+        ray.get([w.start_run.remote(t0, self.namespace) for w in self.workers]
+                + [self.agg.start_run.remote(t0)])
+        if self.throttling is not None:
+            self.throttling.start(t0)
+        self.faults.start(t0, self.namespace)  # the sources' runs (restarted ones replace theirs)
         if stream is not None:
-            stops.__enter__()
-            if run.checkpoint:
-                if resume_from is None:  # from now on a --resume always finds one
+            self.stops.__enter__()
+            if topo.run.checkpoint:
+                if self.resume_from is None:  # from now on a --resume always finds one
                     stream.checkpoint()
                 elif stream.replay_log():
-                    say(f"[{topo.name}] resumed: {stream.replayed_batches} logged "
-                        f"micro-batch(es) handed over again")
+                    self.say(f"[{topo.name}] resumed: {stream.replayed_batches} logged "
+                             f"micro-batch(es) handed over again")
             stream.start()
-        results = _LiveResults(agg, out_dir, topo.app.aggregate_every_s, t0)
-        stopped_by: str | None = None
-        lag_max = 0
+        self.results = _LiveResults(self.agg, self.out_dir, topo.app.aggregate_every_s, t0)
+
+    # ------------------------------------------------------------------ 6. supervise
+    def supervise(self) -> None:
+        """Every ``POLL_S`` until the sources are done: faults, capacity changes,
+        progress, and a live stream's results and stop conditions."""
+        run, faults, stream, t0 = self.topo.run, self.faults, self.stream, self.t0
         # every worker learns its capacity changes (its live metrics show them); in
         # service mode that is also how the change is applied
-        pending_changes = sorted(changes)
+        pending_changes = sorted(self.changes)
         next_imb = 0.0
-        imb: float | None = None
+        self.imb: float | None = None
         while True:
             ray.wait(faults.runs, num_returns=len(faults.runs), timeout=POLL_S)
             faults.poll()  # inject due faults, detect deaths, restart sources
             now_s = time.time() - t0
             while pending_changes and pending_changes[0][0] <= now_s:
                 _, w, c = pending_changes.pop(0)
-                workers[w].set_capacity.remote(c)
-            if throttling is not None:
-                throttling.check()
+                self.workers[w].set_capacity.remote(c)
+            if self.throttling is not None:
+                self.throttling.check()
             done = faults.acked()
             if now_s >= next_imb:
                 next_imb = now_s + 1.0
                 utils = faults.utilizations()
-                imb = float(max(utils) - np.mean(utils))
+                self.imb = float(max(utils) - np.mean(utils))
             if stream is None:
-                bar.update(done, imb)
-                live.update(done, imb)
+                self.bar.update(done, self.imb)
+                self.live.update(done, self.imb)
             else:
                 stream.check()
                 lag = max(0, stream.rows - done)
-                lag_max = max(lag_max, lag)
-                bar.update(done, imb, lag)
-                live.update(done, imb, messages=stream.rows, lag=lag)
-                results.poll()
-                if stopped_by is None:
-                    stopped_by = stops.reason(run, now_s, stream.idle_s(since=t0))
-                    if stopped_by is not None:
+                self.lag_max = max(self.lag_max, lag)
+                self.bar.update(done, self.imb, lag)
+                self.live.update(done, self.imb, messages=stream.rows, lag=lag)
+                self.results.poll()
+                if self.stopped_by is None:
+                    self.stopped_by = self.stops.reason(run, now_s, stream.idle_s(since=t0))
+                    if self.stopped_by is not None:
                         stream.stop()
-                        ray.get([s.end_stream.remote() for s in sources])
-            if faults.finished():
+                        ray.get([s.end_stream.remote() for s in self.sources])
+            if self.faults.finished():
                 break
-        source_stats = ray.get(faults.runs)
+
+    # ------------------------------------------------------------------ 7. drain
+    def drain(self) -> None:
+        """The sources' statistics, resume every process, the workers' final
+        flush and statistics, the aggregator's table."""
+        stream = self.stream
+        self.source_stats = ray.get(self.faults.runs)
         if stream is not None:
-            total = stream.rows
-            if run.checkpoint:  # everything handed over is committed: the last one
+            self.total = stream.rows
+            if self.topo.run.checkpoint:  # everything handed over is committed: the last one
                 stream.finish_checkpoints()
                 stream.checkpoint()
         # the last ack, not when this loop noticed it (sources' clock: time.time)
-        duration_s = max(max(s["end_ts"] for s in source_stats) - t0, 1e-9)
-        bar.update(sum(s["acked"] for s in source_stats), imb)
-        live.update(sum(s["acked"] for s in source_stats), imb)
-        bar.close()
-        if throttling is not None:  # stopped workers cannot flush
-            throttling.stop()
-        worker_stats = faults.finish_workers()  # a dead worker's from the aggregator
-        result = ray.get(agg.result.remote())
-        agg_stats = ray.get(agg.stats.remote())
-    except Exception as e:
-        if stream is not None and not isinstance(e, StreamRestart):
-            lost = _lost_actor(agg, faults)
+        self.duration_s = max(max(s["end_ts"] for s in self.source_stats) - self.t0, 1e-9)
+        self.bar.update(sum(s["acked"] for s in self.source_stats), self.imb)
+        self.live.update(sum(s["acked"] for s in self.source_stats), self.imb)
+        self.bar.close()
+        if self.throttling is not None:  # stopped workers cannot flush
+            self.throttling.stop()
+        self.worker_stats = self.faults.finish_workers()  # a dead worker's from the aggregator
+        self.result = ray.get(self.agg.result.remote())
+        self.agg_stats = ray.get(self.agg.stats.remote())
+
+    def raise_restart_if_lost(self, error: Exception) -> None:
+        """A live stream that lost its aggregator or a source restarts (``run_live``)."""
+        if self.stream is not None and not isinstance(error, StreamRestart):
+            lost = _lost_actor(self.agg, self.faults)
             if lost is not None:
-                raise StreamRestart(f"{lost} died") from e
-        raise
-    finally:
-        bar.close()
-        if stream is not None:
-            stops.__exit__()
-            stream.stop()
-        if throttling is not None:
-            throttling.stop()
-        for a in actors:
+                raise StreamRestart(f"{lost} died") from error
+
+    def release(self) -> None:
+        """Whatever happened: no process left stopped, no actor of the run left."""
+        self.bar.close()
+        if self.stream is not None:
+            self.stops.__exit__()
+            self.stream.stop()
+        if self.throttling is not None:
+            self.throttling.stop()
+        for a in self.actors:
             try:
                 ray.kill(a)
             except Exception:  # noqa: BLE001 - best effort cleanup
                 pass
 
-    report, ts = build_report(topo, caps, total, duration_s, load_s, source_stats,
-                              worker_stats, result, agg_stats,
-                              throttling.status if throttling else {}, distinct_input)
-    for w_report, node in zip(report["workers"], nodes, strict=True):
-        w_report["node_id"] = node  # where it ran (placement is checked against this)
-    if throttling is not None:
-        cluster_info["throttlers"] = {node: ("driver" if node not in throttling.remote
-                                             else f"throttle-{node[:8]}")
-                                      for node in throttling._targets}
-    report["cluster"] = cluster_info
-    if stream is not None:
-        report["stream"] = {**stream.stats(), "stopped_by": stopped_by, "lag_max": lag_max,
-                            "results_written": results.written,
-                            "max_pending_rows": run.max_pending_rows,
-                            "max_files_per_trigger": topo.input.max_files_per_trigger}
-    faults.annotate(report, source_stats, worker_stats, agg_stats)  # failures, peak RSS
-    write_run(out_dir, report, ts, result)
-    return {**report, "result": {"path": "result.parquet", "rows": result.num_rows}}
+    # ------------------------------------------------------------------ 8. report
+    def write_outputs(self) -> dict[str, Any]:
+        """``report.json`` (the shared report plus this engine's sections),
+        ``timeseries.csv``, ``result.parquet``, ``report.png``; returns the report."""
+        topo, throttling = self.topo, self.throttling
+        measured = measurements(topo, self.caps, self.total, self.duration_s, self.load_s,
+                                self.source_stats, self.worker_stats, self.result,
+                                self.agg_stats, self.distinct_input)
+        report: dict[str, Any] = dict(report_mod.build_report(topo, measured))
+        report["aggregator"] = self.agg_stats
+        report["throttle"] = throttling.status if throttling else {}
+        for w_report, node in zip(report["workers"], self.nodes, strict=True):
+            w_report["node_id"] = node  # where it ran (placement is checked against this)
+        if throttling is not None:
+            self.cluster_info["throttlers"] = {
+                node: ("driver" if node not in throttling.remote else f"throttle-{node[:8]}")
+                for node in throttling._targets}
+        report["cluster"] = self.cluster_info
+        if self.stream is not None:
+            report["stream"] = {**self.stream.stats(), "stopped_by": self.stopped_by,
+                                "lag_max": self.lag_max, "results_written": self.results.written,
+                                "max_pending_rows": topo.run.max_pending_rows,
+                                "max_files_per_trigger": topo.input.max_files_per_trigger}
+        self.faults.annotate(report, self.source_stats, self.worker_stats,
+                             self.agg_stats)  # failures, peak RSS
+        write_run(self.out_dir, report, report_mod.timeseries(measured.series), self.result)
+        return {**report, "result": {"path": "result.parquet", "rows": self.result.num_rows}}
 
 
 # ============================================================================ report
 
 
-def build_report(
+def measurements(
     topo: Topology,
     caps: Capacities,
     total: int,
@@ -593,10 +675,14 @@ def build_report(
     worker_stats: list[dict[str, Any]],
     result: Any,
     agg_stats: dict[str, Any],
-    throttle_status: dict[str, Any],
     distinct_keys: int | None = None,
-) -> tuple[dict[str, Any], pd.DataFrame]:
-    """report.json's dict and timeseries.csv's frame from the actors' statistics."""
+) -> report_mod.RunMeasurements:
+    """The actors' statistics as ``runtime.report``'s engine-neutral input.
+
+    Workers' series are cut or zero-padded to the run's slots; ``U_w`` uses
+    each worker's own queue capacity; virtual workers are the mean over
+    sources of each one's last table at a slot's end; ``distinct_keys``
+    (replication's denominator) defaults to the result's keys."""
     n = len(worker_stats)
     slot_s = topo.run.slot_s
     n_slots = max(1, math.ceil(duration_s / slot_s))
@@ -608,16 +694,7 @@ def build_report(
         return np.pad(v, (0, n_slots - len(v)))
 
     processed = np.stack([col(s, "processed") for s in series], axis=1)  # [slot, worker]
-    queue_msgs = np.stack([col(s, "queue_msgs") for s in series], axis=1)
-    util = np.stack([col(s, "queue_batches") / c for s, c in zip(series, qcap, strict=True)],
-                    axis=1)
-    imb = util.max(axis=1) - util.mean(axis=1)
     t_s = (np.arange(n_slots) + 1) * slot_s
-    ts: dict[str, Any] = {
-        "t_s": t_s,
-        "throughput_msgs_per_s": processed.sum(axis=1) / slot_s,
-        "imbalance": imb,
-    }
     p50, p99 = [], []
     for k in range(n_slots):
         h = LatencyHistogram()
@@ -627,85 +704,50 @@ def build_report(
                 h.merge(LatencyHistogram.from_sparse(part))
         p50.append(h.percentile_s(50) * 1e3)
         p99.append(h.percentile_s(99) * 1e3)
-    ts["latency_p50_ms"] = p50
-    ts["latency_p99_ms"] = p99
-    for i in range(n):
-        ts[f"queue_w{i}"] = queue_msgs[:, i]
-    for i in range(n):
-        ts[f"util_w{i}"] = util[:, i]
-    cap_rows = np.array([caps.at(t - slot_s / 2) for t in t_s])
-    for i in range(n):
-        ts[f"capacity_w{i}"] = cap_rows[:, i]
-    vw = _vw_series(source_stats, t_s, n)
-    if vw is not None:
-        for i in range(n):
-            ts[f"vw_w{i}"] = vw[:, i]
-    frame = pd.DataFrame(ts)
+    slots = report_mod.SlotSeries(
+        slot_s=slot_s,
+        finished=processed.sum(axis=1),
+        queue_msgs=np.stack([col(s, "queue_msgs") for s in series], axis=1),
+        utilization=np.stack([col(s, "queue_batches") / c
+                              for s, c in zip(series, qcap, strict=True)], axis=1),
+        capacity=np.array([caps.at(t - slot_s / 2) for t in t_s]),
+        busy=np.stack([col(s, "busy") for s in series], axis=1),
+        vw=_vw_series(source_stats, t_s, n),
+        latency_p50_ms=p50, latency_p99_ms=p99)
 
     latency = LatencyHistogram()
     for w in worker_stats:
         latency.merge(LatencyHistogram.from_sparse(w["latency"]))
-    processed_total = int(sum(w["processed"] for w in worker_stats))
-    distinct = distinct_keys or _distinct_result_keys(result, topo.app.kind)
-    keys = [int(w["keys"]) for w in worker_stats]
-    throughput = processed_total / duration_s if duration_s > 0 else 0.0
     full_rate = topo.workers.service_us and 1e6 / topo.workers.service_us
-    signals = {"increase": 0, "decrease": 0}
-    for s in source_stats:
-        for kind in signals:
-            signals[kind] += int(s["signals"].get(kind, 0))
-    report: dict[str, Any] = {
-        "name": topo.name,
-        "engine": "ray",
-        "scheme": topo.grouping.scheme,
-        "app": topo.app.kind,
-        "messages": {"input": int(total), "processed": processed_total},
-        "duration_s": duration_s,
-        "load_s": load_s,
-        "throughput_msgs_per_s": throughput,
-        "latency_ms": latency.summary_ms(),
-        "imbalance": {"mean": float(imb.mean()) if imb.size else 0.0,
-                      "max": float(imb.max()) if imb.size else 0.0},
-        "replication": replication(keys, distinct),
-        "migrations": int(sum(s["migrations"] for s in source_stats)),
-        "signals": signals,
-        "workers": [
-            {"id": i, "capacity": caps.initial[i], "processed": int(w["processed"]),
-             "utilization": float(util[:, i].mean()), "keys": keys[i],
-             "batches": int(w["batches"]), "stopped_s": float(w["stopped_s"]),
-             "signals_emitted": w["signals_emitted"],
-             "latency_ms": LatencyHistogram.from_sparse(w["latency"]).summary_ms()}
-            for i, w in enumerate(worker_stats)
-        ],
-        "capacity_changes": [{"at_s": a, "worker": w, "capacity": c}
-                             for a, w, c in caps.changes],
-        "sources": [{k: s[k] for k in ("source", "routed", "acked", "batches", "calls",
-                                        "sent_per_worker", "route_s", "wait_s", "grouping")}
-                    for s in source_stats],
-        "topology": {"sources": topo.sources, "workers": n,
-                     "service_us": topo.workers.service_us,
-                     "throttle": topo.workers.throttle, "batch": topo.run.batch,
-                     "max_inflight": topo.run.max_inflight, "rate": topo.run.rate,
-                     "call_messages": topo.run.call_messages,
-                     "linger_ms": topo.run.linger_ms,
-                     "slot_s": slot_s, "queue_batches": topo.workers.queue_batches,
-                     "grouping": topo.grouping_params()},
-        "aggregator": agg_stats,
-        "throttle": throttle_status,
-    }
-    if full_rate:  # throughput / what the configured capacities allow
-        report["capacity_efficiency"] = throughput / (caps.mean_total(duration_s) * full_rate)
-    coord = agg_stats.get("coordinator")
-    if coord is not None:
-        report["coordinator"] = coordinator_report(
-            coord, [s["grouping"].get("tables_adopted", []) for s in source_stats], duration_s)
-    if vw is not None:
-        report["vw_ownership"] = {
-            "t_s": [float(t) for t in t_s],
-            "per_worker": vw.T.tolist(),
-            "final": vw[-1].tolist() if len(vw) else [],
-        }
-    return report, frame
+    return report_mod.RunMeasurements(
+        engine="ray",
+        messages_input=int(total),
+        messages_processed=int(sum(w["processed"] for w in worker_stats)),
+        duration_s=duration_s,
+        latency_ms=report_mod.latency_ms(latency.summary_ms()),
+        series=slots,
+        workers=[report_mod.WorkerTotals(
+            capacity=caps.initial[i], processed=int(w["processed"]), keys=int(w["keys"]),
+            batches=int(w["batches"]), stopped_s=float(w["stopped_s"]),
+            signals_emitted=w["signals_emitted"],
+            latency_ms=report_mod.latency_ms(
+                LatencyHistogram.from_sparse(w["latency"]).summary_ms()))
+            for i, w in enumerate(worker_stats)],
+        sources=[report_mod.SourceReport(
+            source=s["source"], routed=s["routed"], acked=s["acked"], batches=s["batches"],
+            calls=s["calls"], sent_per_worker=s["sent_per_worker"], route_s=s["route_s"],
+            wait_s=s["wait_s"], grouping=s["grouping"])
+            for s in source_stats],
+        distinct_keys=distinct_keys or _distinct_result_keys(result, topo.app.kind),
+        signals_emitted=report_mod.Signals(
+            increase=sum(int(w["signals_emitted"]["increase"]) for w in worker_stats),
+            decrease=sum(int(w["signals_emitted"]["decrease"]) for w in worker_stats)),
+        queue_capacity_batches=min(topo.workers.queue_batches,
+                                   topo.sources * topo.run.max_inflight),
+        full_speed_msgs_per_s=caps.mean_total(duration_s) * full_rate if full_rate else None,
+        coordinator=agg_stats.get("coordinator"),
+        load_s=load_s,
+    )
 
 
 def _vw_series(source_stats: list[dict[str, Any]], t_s: np.ndarray, n: int) -> np.ndarray | None:

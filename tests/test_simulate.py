@@ -194,7 +194,7 @@ def test_backpressure_bounds_queues() -> None:
     util = ts[[f"util_w{i}" for i in range(4)]].to_numpy()
     assert util.max() <= 1.0 + 1e-9  # never more than sources * max_inflight batches queued
     assert util.max() > 0.9  # and the hot worker does fill its window
-    assert r.report["queue_capacity_batches"] == 6
+    assert r.report["topology"]["queue_capacity_batches"] == 6
 
 
 def test_kg_is_more_imbalanced_than_sg_on_skew() -> None:
@@ -225,7 +225,7 @@ def test_heterogeneity_kg_vs_sg_vs_cg() -> None:
     kg, sg, cg = (res[s].report for s in ("kg", "sg", "cg"))
     assert kg["latency_ms"]["p99"] > 1.5 * sg["latency_ms"]["p99"]
     assert kg["throughput_msgs_per_s"] < 0.75 * sg["throughput_msgs_per_s"]
-    vw = np.array(cg["vw_per_worker_end"])
+    vw = np.array(cg["vw_ownership"]["final"])
     assert vw.sum() == pytest.approx(80)  # VWs only move, 10 per worker at the start
     assert vw[6:].max() < 8 and vw[6:].mean() < vw[:6].mean() - 3
     assert cg["migrations"] > 0 and cg["signals"]["decrease"] > 0

@@ -105,18 +105,18 @@ def test_idle_source_sends_what_its_outboxes_hold() -> None:
     src._route_entries(0, *_routed(src, _table(10)))
     src._route_entries(1, *_routed(src, _table(10, 10)))
     src._flush()
-    assert src._outbox_n[0] == 10 and len(src._inflight) == 1
+    assert src.outboxes.queued_n[0] == 10 and len(src.outboxes.inflight) == 1
     src.idle(0.02)  # takes the ack, sends the rest
-    assert src._outbox_n[0] == 0
+    assert src.outboxes.queued_n[0] == 0
     src.idle(0.02)
-    assert src.acked == 20 and not src._inflight
+    assert src.acked == 20 and not src.outboxes.inflight
     before = ft.t
     src.idle(0.02)  # nothing left: it sleeps
     assert ft.t == pytest.approx(before + 0.02)
-    src.linger_s = 60.0  # no data to wait for: an outbox does not linger
+    src.outboxes.linger_s = 60.0  # no data to wait for: an outbox does not linger
     src._route_entries(2, *_routed(src, _table(5, 20)))
     src.idle(0.02)
-    assert src._outbox_n[0] == 0 and src.calls == 3
+    assert src.outboxes.queued_n[0] == 0 and src.outboxes.calls == 3
 
 
 def _routed(src: SourceCore, table: pa.Table):

@@ -1,14 +1,18 @@
-"""``simulate(topology) -> SimResult``: the simulator as a Python function.
+"""``simulate(topology) -> SimResult``: the simulator as a Python function;
+``SimEngine``: the simulator as a ``runtime.engine.Engine``.
 
-No files are written (``SimResult.write(out_dir)`` does that through
-``runtime.report.write_run``); input files are read.
+``simulate`` writes no files (``SimResult.write(out_dir)`` does that through
+``runtime.report.write_run``); input files are read. ``SimEngine.run``
+simulates and writes the outputs, as the entry points do.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
+import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -117,3 +121,47 @@ def simulate(
     }
     report["result"] = {"path": "result.parquet", "rows": result.num_rows}
     return SimResult(report, ts, result, er)
+
+
+class SimEngine:
+    """The simulator behind ``runtime.engine.Engine``: ``run`` simulates a
+    topology, writes its outputs and returns the report.
+
+    ``ack_delay_ms``, ``shard_block_rows``: as ``simulate``'s. ``plot``: write
+    ``report.png``.
+    """
+
+    def __init__(self, *, ack_delay_ms: float = DEFAULT_ACK_DELAY_MS,
+                 shard_block_rows: int = SHARD_BLOCK_ROWS, plot: bool = True) -> None:
+        self.ack_delay_ms = ack_delay_ms
+        self.shard_block_rows = shard_block_rows
+        self.plot = plot
+
+    @contextlib.contextmanager
+    def shared_input(self, topo: Topology) -> Iterator[SimInput]:
+        """``topo``'s stream, read once (``load_input``)."""
+        yield load_input(topo)
+
+    def run(self, topo: Topology, out_dir: str | os.PathLike[str], *, progress: bool = False,
+            log: Callable[[str], None] | None = None, data: SimInput | None = None,
+            ) -> dict[str, Any]:
+        """Simulate ``topo`` on ``data`` (default: its input, read first, so
+        the report's ``sim.input_s`` counts no reading), write the outputs to
+        ``out_dir``, return the report. The simulator logs nothing: ``log`` is
+        unused."""
+        inp = data if data is not None else load_input(topo)
+        bar = None
+        if progress:
+            from tqdm import tqdm
+
+            bar = tqdm(total=inp.n, unit="msg", unit_scale=True, desc="simulated (acked)",
+                       file=sys.stderr, mininterval=0.5, leave=False)
+        try:
+            res = simulate(topo, ack_delay_ms=self.ack_delay_ms, sim_input=inp,
+                           shard_block_rows=self.shard_block_rows,
+                           progress=bar.update if bar is not None else None)
+        finally:
+            if bar is not None:
+                bar.close()
+        res.write(out_dir, plot=self.plot)
+        return res.report

@@ -1,23 +1,16 @@
-"""Turn an engine run into the shared outputs: report dict, time series, result.
+"""The simulator's side of the run report: an ``EngineResult`` gathered into
+``runtime.report.RunMeasurements``, the engine-neutral input of the one
+report builder, and the application's result.
 
-Definitions match the real runtime's report (``actors/pipeline.py``), so the
-two engines compare column for column:
-- time series: one row per ``run.slot_s`` slot, ``t_s`` = the slot's end;
-  ``throughput_msgs_per_s`` = messages finished in the slot / ``slot_s``;
-  ``queue_w{i}`` = mean queue length in messages over the slot;
-  ``util_w{i}`` = ``U_w`` = mean queue length in batches / queue capacity
-  (``min(workers.queue_batches, sources * max_inflight)``);
-  ``imbalance`` = ``I(t) = max_w U_w - mean_w U_w`` (recomputable from the
-  util columns); ``capacity_w{i}`` at the slot's middle; ``busy_w{i}`` = busy
-  fraction (extra); ``vw_w{i}`` = VWs owned (mean over sources) at the slot's
-  end; latency percentiles of the messages finishing in the slot
-  (log-binned, within ~2.3%);
-- report: ``latency_ms`` exact over every message; ``imbalance`` mean / max
-  of I(t) over the slots; ``workers[].utilization`` = mean ``U_w`` over the
-  slots, ``busy_fraction`` = service time / duration;
-  ``capacity_efficiency`` = throughput / full-speed rate of the cluster,
-  ``sum_w c_w * 1e6 / service_us`` with ``c_w`` averaged over the run
-  (capacity changes); null when ``service_us`` is 0.
+What the simulator measures for the shared definitions
+(``runtime.report.DEFINITIONS``): queue lengths, busy time and capacities
+time-averaged over each ``run.slot_s`` slot; ``U_w`` = mean queue length in
+batches / queue capacity (``min(workers.queue_batches, sources *
+max_inflight)``); latency exact over every message for the report, per slot
+from log-binned histograms (within ~2.3%); the full-speed rate ``sum_w c_w *
+1e6 / service_us`` with ``c_w`` averaged over the run (capacity changes).
+Not measured: batches, throttler stops and signals per worker, per-source
+counts (the report says ``null``); the Ray engine has no ack delay to model.
 """
 
 from __future__ import annotations
@@ -28,8 +21,7 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 
-from runtime import metrics
-from runtime.grouping.acg import coordinator_report
+from runtime import metrics, report
 from runtime.operators import AggregatorApp, WorkerApp, operator_for_app
 from runtime.sim.engine import EngineResult
 from runtime.sim.inputs import SimInput
@@ -63,25 +55,18 @@ def utilization(er: EngineResult) -> np.ndarray:
     return er.queue_batches / er.params.queue_capacity_batches
 
 
-def timeseries(er: EngineResult) -> pd.DataFrame:
+def slot_series(er: EngineResult) -> report.SlotSeries:
     p = er.params
-    rows = er.lat_hist.shape[0]
-    util = utilization(er)
     pct = hist_percentiles(er.lat_hist, (50.0, 99.0)) * 1e3
-    cols: dict[str, Any] = {
-        "t_s": (np.arange(rows) + 1) * p.slot_s,
-        "throughput_msgs_per_s": er.lat_hist.sum(axis=1) / p.slot_s,
-        "imbalance": metrics.imbalance(util),
-        "latency_p50_ms": pct[:, 0],
-        "latency_p99_ms": pct[:, 1],
-    }
-    nw = p.n_workers
-    for prefix, arr in (("queue", er.queue_msgs), ("util", util), ("capacity", er.capacity),
-                        ("busy", er.busy), ("vw", er.vw)):
-        if arr is not None:
-            for w in range(nw):
-                cols[f"{prefix}_w{w}"] = arr[:, w]
-    return pd.DataFrame(cols)
+    return report.SlotSeries(
+        slot_s=p.slot_s, finished=er.lat_hist.sum(axis=1), queue_msgs=er.queue_msgs,
+        utilization=utilization(er), capacity=er.capacity, busy=er.busy, vw=er.vw,
+        latency_p50_ms=pct[:, 0], latency_p99_ms=pct[:, 1])
+
+
+def timeseries(er: EngineResult) -> pd.DataFrame:
+    """``timeseries.csv``'s frame (``runtime.report.timeseries``)."""
+    return report.timeseries(slot_series(er))
 
 
 def mean_capacity(er: EngineResult) -> np.ndarray:
@@ -103,77 +88,36 @@ def mean_capacity(er: EngineResult) -> np.ndarray:
     return out
 
 
-def build_report(topo: Topology, er: EngineResult) -> dict[str, Any]:
+def measurements(er: EngineResult) -> report.RunMeasurements:
     p = er.params
     processed_mask = ~np.isnan(er.latency_s)
-    n_processed = int(processed_mask.sum())
-    duration = er.duration_s
-    throughput = n_processed / duration if duration > 0 else 0.0
-    util = utilization(er)
-    stats = er.grouping_stats
-    if p.service_us > 0:
-        full_rate = float(mean_capacity(er).sum()) * 1e6 / p.service_us
-        efficiency: float | None = throughput / full_rate
-    else:
-        efficiency = None
-    final_caps = er.capacity[-1] if len(er.capacity) else np.array(p.capacities)
-    workers = [
-        {
-            "id": w,
-            "capacity": float(p.capacities[w]),
-            "final_capacity": float(final_caps[w]),
-            "processed": int(er.processed[w]),
-            "utilization": float(util[:, w].mean()),
-            "keys": int(er.keys_per_worker[w]),
-            "busy_fraction": float(er.busy[:, w].sum() * p.slot_s / duration)
-            if duration > 0 else 0.0,
-            "mean_queue_msgs": float(er.queue_msgs[:, w].mean()),
-        }
-        for w in range(p.n_workers)
-    ]
-    report: dict[str, Any] = {
-        "name": topo.name,
-        "engine": "sim",
-        "scheme": p.scheme,
-        "messages": {"input": er.n_messages, "processed": n_processed},
-        "duration_s": duration,
-        "throughput_msgs_per_s": throughput,
-        "capacity_efficiency": efficiency,
-        "latency_ms": metrics.latency_summary_ms(er.latency_s[processed_mask]),
-        "imbalance": metrics.imbalance_summary(util),
-        "replication": metrics.replication(er.keys_per_worker.tolist(), er.distinct_keys),
-        "migrations": int(sum(s["migrations"] for s in stats)),
-        "signals": {k: int(sum(s["signals"][k] for s in stats)) for k in ("increase", "decrease")},
-        "workers": workers,
-        "capacity_changes": [
-            {"at_s": t, "worker": w, "capacity": c} for t, w, c in p.changes
-        ],
-        "distinct_keys": er.distinct_keys,
-        "in_flight_at_end": er.inflight_at_end,
-        "sources": p.n_sources,
-        "batch": p.batch,
-        "rate": p.rate,
-        "max_inflight": p.max_inflight,
-        "queue_capacity_batches": p.queue_capacity_batches,
-        "signals_emitted": er.signals_emitted,
-        "service_us": p.service_us,
-        "ack_delay_ms": p.ack_delay_s * 1e3,
-        "topology": {"sources": topo.sources, "workers": topo.workers.count,
-                     "service_us": topo.workers.service_us,
-                     "throttle": topo.workers.throttle, "batch": topo.run.batch,
-                     "max_inflight": topo.run.max_inflight, "rate": topo.run.rate,
-                     "slot_s": topo.run.slot_s, "queue_batches": topo.workers.queue_batches,
-                     "grouping": topo.grouping_params()},
-        "definitions": {
-            "utilization": "U_w = mean queue length in batches / queue_capacity_batches",
-            "imbalance": "I(t) = max_w U_w(t) - mean_w U_w(t) per slot",
-            "latency": "finish - emit (emit = when the batch was due at the source: "
-                       "its scheduled time when paced)",
-        },
-    }
-    if er.coordinator is not None:
-        report["coordinator"] = coordinator_report(
-            er.coordinator, [g.get("tables_adopted", []) for g in stats], duration)
-    if er.vw is not None:
-        report["vw_per_worker_end"] = [float(x) for x in er.vw[-1]]
-    return report
+    return report.RunMeasurements(
+        engine="sim",
+        messages_input=er.n_messages,
+        messages_processed=int(processed_mask.sum()),
+        duration_s=er.duration_s,
+        latency_ms=report.latency_ms(metrics.latency_summary_ms(er.latency_s[processed_mask])),
+        series=slot_series(er),
+        workers=[report.WorkerTotals(capacity=float(p.capacities[w]),
+                                     processed=int(er.processed[w]),
+                                     keys=int(er.keys_per_worker[w]))
+                 for w in range(p.n_workers)],
+        sources=[report.SourceReport(source=i, routed=None, acked=None, batches=None,
+                                     calls=None, sent_per_worker=None, route_s=None,
+                                     wait_s=None, grouping=g)
+                 for i, g in enumerate(er.grouping_stats)],
+        distinct_keys=er.distinct_keys,
+        signals_emitted=report.Signals(increase=er.signals_emitted["increase"],
+                                       decrease=er.signals_emitted["decrease"]),
+        queue_capacity_batches=p.queue_capacity_batches,
+        full_speed_msgs_per_s=(float(mean_capacity(er).sum()) * 1e6 / p.service_us
+                               if p.service_us > 0 else None),
+        coordinator=er.coordinator,
+        in_flight_at_end=er.inflight_at_end,
+        ack_delay_ms=p.ack_delay_s * 1e3,
+    )
+
+
+def build_report(topo: Topology, er: EngineResult) -> dict[str, Any]:
+    """``report.json`` (``runtime.report.build_report``), without ``result``."""
+    return dict(report.build_report(topo, measurements(er)))

@@ -1,0 +1,174 @@
+"""One report for both engines (``runtime.report``): the Ray engine's and the
+simulator's measurements, gathered from fixture inputs, give reports of one
+shape that validate; a real simulated run's report validates too."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from actors.pipeline import Capacities, measurements
+from runtime import report as report_mod
+from runtime.latency import LatencyHistogram
+from runtime.sim import simulate, summary
+from runtime.sim.engine import EngineResult, SimParams
+from runtime.sim.kernels import LAT_BINS
+from runtime.topology import Topology, load_topology
+
+N_WORKERS, N_SLOTS, SLOT_S = 3, 4, 0.5
+GROUPING_STATS = {"migrations": 2, "signals": {"increase": 1, "decrease": 3}}
+
+
+@pytest.fixture
+def topo() -> Topology:
+    return load_topology({
+        "name": "schema",
+        "input": {"format": "zipf", "messages": 3_000, "keys": 100},
+        "sources": 2,
+        "workers": {"count": N_WORKERS, "capacity": [1, 1, 0.5], "service_us": 100,
+                    "changes": [{"at_s": 1.0, "worker": 2, "capacity": 1.0}]},
+        "grouping": {"scheme": "cg"},
+        "run": {"batch": 500, "slot_s": SLOT_S},
+    })
+
+
+def ray_report(topo: Topology) -> dict[str, Any]:
+    """What the actors would report for a 1.8 s run of 3,000 messages."""
+    lat = LatencyHistogram()
+    lat.add(np.full(1000, 0.002))
+    workers = [{
+        "id": i, "processed": 1000, "batches": 2, "keys": 40 + i, "stopped_s": 0.1 * i,
+        "latency": lat.to_sparse(), "signals_emitted": {"increase": i, "decrease": 1},
+        "queue_capacity_batches": 4,
+        "series": {"slot": [0, 1, 2], "processed": [400, 400, 200],
+                   "queue_msgs": [500.0, 250.0, 0.0], "queue_batches": [2.0, 1.0, 0.0],
+                   "busy": [1.0, 0.8, 0.2], "latency": {0: lat.to_sparse()}},
+    } for i in range(N_WORKERS)]
+    sources = [{
+        "source": s, "routed": 1500, "acked": 1500, "batches": 3, "calls": 6,
+        "sent_per_worker": [500, 500, 500], "route_s": 0.01, "wait_s": 1.5,
+        "grouping": GROUPING_STATS, "end_ts": 101.8,
+        "vw_history": [(0.0, [4, 4, 4]), (1.2, [5, 4, 3])],
+    } for s in range(2)]
+    m = measurements(topo, Capacities(topo), 3000, 1.8, 2.5, sources, workers,
+                     pa.table({"key": ["k"] * 100, "count": [30] * 100}), {})
+    return dict(report_mod.build_report(topo, m))
+
+
+def sim_report(topo: Topology) -> dict[str, Any]:
+    """What the simulator's engine would return for the same run."""
+    rng = np.random.default_rng(0)
+    lat_hist = np.zeros((N_SLOTS, LAT_BINS), dtype=np.int64)
+    lat_hist[:, 10] = [1200, 1200, 600, 0]
+    params = SimParams(n_sources=2, n_workers=N_WORKERS, batch=500, rate=0.0, max_inflight=2,
+                       seed=0, service_us=100.0, capacities=[1.0, 1.0, 0.5],
+                       changes=[(1.0, 2, 1.0)], scheme="cg", slot_s=SLOT_S)
+    er = EngineResult(
+        params=params, n_messages=3000, duration_s=1.8,
+        latency_s=np.full(3000, 0.002, dtype=np.float32),
+        msg_worker=np.repeat(np.arange(N_WORKERS, dtype=np.int32), 1000),
+        processed=np.full(N_WORKERS, 1000), keys_per_worker=np.array([40, 41, 42]),
+        distinct_keys=100, lat_hist=lat_hist,
+        queue_batches=rng.uniform(0, 4, (N_SLOTS, N_WORKERS)),
+        queue_msgs=rng.uniform(0, 2000, (N_SLOTS, N_WORKERS)),
+        busy=rng.uniform(0, 1, (N_SLOTS, N_WORKERS)),
+        capacity=np.array([[1, 1, 0.5], [1, 1, 0.5], [1, 1, 1], [1, 1, 1]], dtype=float),
+        vw=np.full((N_SLOTS, N_WORKERS), 4.0),
+        grouping_stats=[GROUPING_STATS, GROUPING_STATS], inflight_at_end=0,
+        signals_emitted={"increase": 3, "decrease": 3}, events=10)
+    return summary.build_report(topo, er)
+
+
+def written(report: dict[str, Any], rows: int = 100) -> dict[str, Any]:
+    """As ``write_run`` completes it."""
+    return {**report, "result": {"path": "result.parquet", "rows": rows}}
+
+
+def paths(value: Any, at: str = "") -> dict[str, bool]:
+    """Every key's path (a list by its first element: ``workers[].id``) -> null?"""
+    out = {at: value is None}
+    if isinstance(value, dict):
+        for k, v in value.items():
+            out.update(paths(v, f"{at}.{k}"))
+    elif isinstance(value, list) and value and isinstance(value[0], dict):
+        out.update(paths(value[0], f"{at}[]"))
+    return out
+
+
+def assert_same_keys(a: dict[str, Any], b: dict[str, Any]) -> None:
+    """The same keys at every level, except below what one of them leaves null."""
+    pa_, pb = paths(a), paths(b)
+    nulls = {p for p, null in (pa_ | pb).items() if null}
+    odd = [p for p in set(pa_) ^ set(pb)
+           if not any(p.startswith(n + ".") or p.startswith(n + "[]") for n in nulls)]
+    assert not odd, f"keys in one report only: {sorted(odd)}"
+
+
+def test_both_engines_build_one_shape(topo: Topology) -> None:
+    ray, sim = ray_report(topo), sim_report(topo)
+    assert (ray["engine"], sim["engine"]) == ("ray", "sim")
+    for rep in (ray, sim):
+        report_mod.validate_report(written(rep))
+        json.dumps(rep)  # plain JSON all the way down
+    assert_same_keys(ray, sim)
+    assert set(ray) >= set(report_mod.REQUIRED_KEYS) - {"result"}
+
+
+def test_the_measures_agree_on_what_both_engines_count(topo: Topology) -> None:
+    ray, sim = ray_report(topo), sim_report(topo)
+    for rep in (ray, sim):
+        assert rep["messages"] == {"input": 3000, "processed": 3000}
+        assert rep["throughput_msgs_per_s"] == pytest.approx(3000 / 1.8)
+        assert rep["migrations"] == 4 and rep["signals"] == {"increase": 2, "decrease": 6}
+        assert rep["replication"] == pytest.approx(123 / 100)
+        assert len(rep["sources"]) == 2 and rep["sources"][1]["source"] == 1
+        assert rep["topology"]["queue_capacity_batches"] == 4
+        assert rep["capacity_changes"] == [{"at_s": 1.0, "worker": 2, "capacity": 1.0}]
+        assert [w["final_capacity"] for w in rep["workers"]] == [1.0, 1.0, 1.0]
+        # capacity 2.5 until 1.0 s, 3 after, at 10,000 msgs/s each at full speed
+        full_speed = (2.5 * 1.0 + 3 * 0.8) / 1.8 * 1e4
+        assert rep["capacity_efficiency"] == pytest.approx((3000 / 1.8) / full_speed)
+    assert ray["signals_emitted"] == {"increase": 3, "decrease": 3}
+    assert ray["vw_ownership"]["final"] == [5.0, 4.0, 3.0]
+    assert sim["vw_ownership"]["final"] == [4.0, 4.0, 4.0]
+    assert ray["workers"][2]["stopped_s"] == pytest.approx(0.2)
+    assert sim["workers"][2]["stopped_s"] is None  # not measured by the simulator
+    assert ray["topology"]["ack_delay_ms"] is None and sim["in_flight_at_end"] == 0
+
+
+def test_no_capacity_efficiency_without_a_service_time(topo: Topology) -> None:
+    free = topo.model_copy(update={"workers": topo.workers.model_copy(
+        update={"service_us": 0.0})})
+    assert ray_report(free)["capacity_efficiency"] is None
+
+
+@pytest.mark.parametrize(("change", "message"), [
+    (lambda r: r.pop("latency_ms"), "missing keys: latency_ms"),
+    (lambda r: r.update(sources=2), "report.sources: expected a list, got 2"),
+    (lambda r: r.update(engine="spark"), "report.engine: expected one of"),
+    (lambda r: r["workers"][1].update(keys=1.5), r"report.workers\[1\].keys: expected int"),
+    (lambda r: r["workers"][0].pop("utilization"), r"workers\[0\]: missing keys: utilization"),
+    (lambda r: r["messages"].update(processed=True), "messages.processed: expected int"),
+])
+def test_validation_names_the_misfit(topo: Topology, change: Any, message: str) -> None:
+    rep = written(ray_report(topo))
+    change(rep)
+    with pytest.raises(ValueError, match=message):
+        report_mod.validate_report(rep)
+
+
+def test_a_simulated_run_reports_the_schema(tmp_path: Path) -> None:
+    r = simulate({"name": "small", "input": {"format": "zipf", "messages": 5_000, "keys": 500},
+                  "workers": {"count": 3, "service_us": 20}, "grouping": {"scheme": "acg"},
+                  "run": {"batch": 250, "slot_s": 0.05}})
+    report_mod.validate_report(r.report)
+    assert "coordinator" in r.report and "vw_ownership" in r.report
+    r.write(tmp_path / "run", plot=False)
+    on_disk = json.loads((tmp_path / "run" / "report.json").read_text())
+    report_mod.validate_report(on_disk)
+    assert_same_keys(on_disk, r.report)
