@@ -3,8 +3,8 @@
 ``SourceCore`` is the plain class (no Ray). For every micro-batch of its shard
 (``run.batch`` messages) it hashes the keys (``runtime.hashing``), routes them
 with its *own* grouping instance (seed ``run.seed + index``), splits the batch
-into per-worker sub-batches, queues each in its worker's outbox and sends
-through a ``Transport`` while the worker has fewer than ``run.max_inflight``
+into per-worker sub-batches, queues each in its worker's outbox
+(``actors.outbox``) and sends through a ``Transport`` while the worker has fewer than ``run.max_inflight``
 unacknowledged calls. One call carries every sub-batch queued for that worker,
 up to ``run.call_messages`` messages (``Part.join``: one Arrow batch, one
 segmented ``Tag``), so a worker that fell behind by a few batches catches up
@@ -25,7 +25,7 @@ times from ack timings through the grouping's clock. The source never reads
 the configured capacities.
 
 ``run.rate`` (messages/s over all sources) is honoured by pacing each source at
-``rate / sources`` on its own clock. A message's latency starts when its
+``rate / sources`` on its own clock (``Pacer``). A message's latency starts when its
 batch was due: its scheduled time when paced (a source that falls behind or
 is blocked by backpressure does not hide that time: no coordinated
 omission), or when the source took it from its shard at ``rate = 0``.
@@ -40,7 +40,9 @@ exactly the sub-batches that flush does not cover. At the end of the stream it
 asks the workers it still holds data for to commit (``control.commit``), so
 when ``run`` returns nothing of this source is uncommitted. A restarted
 source (``epoch`` > 0) resumes with a ``ResumePlan``: it skips what is
-committed or processed and re-sends only the rest.
+committed or processed and re-sends only the rest. The source's side of it -
+membership, what to replay, when a failure is recovered, the resume - is
+``actors.recovery``.
 
 ``SourceActor`` at the bottom is the Ray edge (``source-<i>``): a threaded
 actor so that ``progress()`` answers while ``run()`` is streaming.
@@ -59,7 +61,8 @@ from typing import Any, Protocol
 import numpy as np
 import pyarrow as pa
 
-from runtime.backpressure import DrainRates
+from actors.outbox import Outboxes
+from actors.recovery import FailureLog, Membership, Resume, take_lost
 from runtime.grouping.acg import FIRST_PLAN_S, RoutedMeter
 from runtime.hashing import hash_arrow
 from runtime.reliability import (
@@ -147,8 +150,88 @@ def rebatch(blocks: Iterable[pa.Table], rows: int) -> Iterator[pa.Table]:
         yield tail
 
 
+class Pacer:
+    """``run.rate`` for one source: the batch after ``routed`` messages is due
+    at ``start + routed / rate``, even when the source is late (no coordinated
+    omission); a source ahead of that schedule sleeps (``wait_until_due``). At
+    ``rate = 0`` nothing is paced."""
+
+    def __init__(self, rate_per_source: float, clock: Clock,
+                 sleep: Callable[[float], None]) -> None:
+        self.rate = float(rate_per_source)
+        self.clock = clock
+        self.sleep = sleep
+        self.start = 0.0
+
+    def due(self, routed: int, handed: float | None) -> float | None:
+        """When the next batch was due (``handed``, a live stream's handover
+        time, when not paced; None: when the source takes it)."""
+        return self.start + routed / self.rate if self.rate > 0 else handed
+
+    def wait_until_due(self, routed: int, deadlines: Callable[[], Iterable[float]],
+                 send_due: Callable[[], None]) -> None:
+        """Sleep until the batch after ``routed`` messages is due, waking at the
+        earliest of ``deadlines()`` (a lingering outbox) to ``send_due()``."""
+        if self.rate <= 0:
+            return
+        ahead = self.start + routed / self.rate - self.clock()
+        if ahead <= 0:
+            return
+        end = self.clock() + ahead
+        while (left := end - self.clock()) > 0:
+            wake = min(deadlines(), default=end) - self.clock()
+            if wake >= left:
+                self.sleep(left)
+                return
+            self.sleep(max(wake, 0.0))
+            send_due()  # one is due (the others go early: no extra wake-up)
+
+
+class LoadReports:
+    """A coordinated scheme's load reports: what this source routed per VW
+    (``RoutedMeter``), sent to the controller (``control.report_routed``) every
+    ``report_every_s`` - the first time after ``FIRST_PLAN_S`` - and at the end."""
+
+    def __init__(self, source: int, n_virtual: int, control: Control,
+                 report_every_s: float, clock: Clock) -> None:
+        self.source = source
+        self.control = control
+        self.report_every_s = float(report_every_s)
+        self.clock = clock
+        self.meter = RoutedMeter(n_virtual, clock())
+        self.sent = 0
+
+    def start(self, t: float) -> None:
+        """The first window starts at ``t`` (the run's start)."""
+        self.meter.since = t
+
+    def send_due(self, vws: np.ndarray | None = None, final: bool = False) -> None:
+        """Count ``vws`` (the VW of each message just routed); send the report
+        if it is due, or ``final``."""
+        if vws is not None:
+            self.meter.routed(vws)
+        now = self.clock()
+        due = FIRST_PLAN_S if self.sent == 0 else self.report_every_s
+        if final or now - self.meter.since >= due:
+            self.sent += 1
+            self.control.report_routed(self.source, self.meter.take(now, final=final))
+
+    def answer(self, timeout: float | None = 0.0) -> Any:
+        """The controller's table answered to the latest report, once it is
+        there (else None after ``timeout`` s; None = wait for it)."""
+        return self.control.poll_table(timeout)
+
+
 class SourceCore:
-    """One source's routing loop; see the module docstring."""
+    """One source's routing loop; see the module docstring.
+
+    It routes and orchestrates; its parts each do one job: ``outboxes``
+    (``actors.outbox``: per-worker queues, calls in flight, the call cap,
+    linger and the memory bound), ``pacer`` (``run.rate``), ``members`` and
+    ``failures`` (``actors.recovery``: the live workers, the replays of a dead
+    one's sub-batches), ``log`` (``runtime.reliability.ReplayLog``: every
+    sub-batch until committed), ``load_reports`` (coordinated schemes) and,
+    after a restart, ``resume``."""
 
     def __init__(
         self,
@@ -174,78 +257,49 @@ class SourceCore:
         capacity_changes: Sequence[tuple[float, int, float]] = (),
         report_every_s: float = 1.0,
     ) -> None:
+        """``outbox``: batches' worth of messages an outbox may hold before the
+        source blocks (default ``max_inflight``); ``linger_s``: how long an
+        outbox may wait to fill its call (0: send at once)."""
         self.index = int(index)
         self.grouping = grouping
         self.transport = transport
         self.n_workers = int(n_workers)
-        self.max_inflight = int(max_inflight)
-        #: an outbox may hold ``outbox`` (default ``max_inflight``) batches' worth
-        #: of messages before the source blocks - a bound in messages, so a
-        #: worker sent small sub-batches (few VWs) does not block the source early
-        self.outbox_batches = self.max_inflight if outbox is None else int(outbox)
-        self._batch_rows = 1  # the largest batch routed so far
-        #: most messages in one call: a worker's queued sub-batches are coalesced
-        #: up to it (a call never holds more than the outbox did)
-        self.call_messages = int(call_messages)
-        #: a worker's outbox is held back up to ``linger_s`` to fill its call
-        #: (to the call cap or half the memory bound, whichever is lower):
-        #: fewer, larger calls when the windows are open (0: send at once)
-        self.linger_s = float(linger_s)
-        self._queued_at = np.zeros(self.n_workers)  # when each outbox's wait began
-        self.calls = 0
-        # per worker: routed sub-batches waiting for a free in-flight slot (FIFO)
-        self._outbox: list[collections.deque] = [collections.deque()
-                                                 for _ in range(self.n_workers)]
-        self._outbox_n = np.zeros(self.n_workers, dtype=np.int64)  # messages in each
-        self.rate = float(rate_per_source)
         self.key = key
         self.clock = clock
         self.sleep = sleep
         self.t0 = t0
+        self.control = control
+        self.epoch = int(epoch)
+        self.outboxes = Outboxes(
+            self.n_workers, max_inflight=int(max_inflight),
+            outbox_batches=int(max_inflight) if outbox is None else int(outbox),
+            call_messages=call_messages, linger_s=linger_s, clock=clock)
+        self.pacer = Pacer(rate_per_source, clock, sleep)
+        self.log = ReplayLog()
+        self.members = Membership(self.n_workers, grouping, dead_workers)
+        self.failures = FailureLog()
+        self.resume: Resume | None = None  # a restart's pass over what it sent before
+        self.next_batch = 0  # sequence number of the next batch of the shard
+        self.done = False
+        self.acks_done_ts: float | None = None  # the stream's last ack (before commits)
+        # -- stats
         self.routed = 0  # messages sent to workers
         self.acked = 0
         self.batches = 0
         self.sent_per_worker = np.zeros(self.n_workers, dtype=np.int64)
         self.acked_per_worker = np.zeros(self.n_workers, dtype=np.int64)
         self.lat_sum_s = 0.0
-        self._inflight: dict[Any, list[Entry]] = {}  # token -> the call's sub-batches
-        self._sent_at: dict[Any, float] = {}  # token -> when the call was sent
-        #: how fast each worker drains this source's messages: caps its calls
-        #: in seconds of work, not only in messages
-        self.drain_rates = DrainRates(self.n_workers)
-        self._inflight_per_worker = np.zeros(self.n_workers, dtype=np.int64)
-        self._inflight_n = np.zeros(self.n_workers, dtype=np.int64)  # their messages
-        self.vw_every_s = float(vw_every_s)
-        self.vw_history: list[tuple[float, list[int]]] = []
-        self._next_vw = -np.inf
         self.route_s = 0.0
         self.wait_s = 0.0
-        self.done = False
-        # -- reliability
-        self.control = control
-        self.epoch = int(epoch)
-        self.log = ReplayLog()
-        self.next_batch = 0  # sequence number of the next batch of the shard
-        self.live = set(range(self.n_workers)) - {int(w) for w in dead_workers}
-        for w in sorted(set(range(self.n_workers)) - self.live):
-            self.grouping.remove_worker(w)
-        self._notices: set[int] = set()
-        self._joined: set[int] = set()
-        self._gone: set[int] = set()  # workers lost or retired: never routed to again
-        self.joins: list[dict[str, Any]] = []
-        self._notice_lock = threading.Lock()
-        self.failures: list[dict[str, Any]] = []  # per worker death handled here
-        self._replaying: dict[int, set[int]] = {}  # failure index -> ids of replayed entries
-        self.resume: dict[str, Any] | None = None  # what a restart skipped / re-sent
-        self.acks_done_ts: float | None = None  # the stream's last ack (before commits)
         self.retained_peak = 0  # most messages held in the replay log at once
         self.retained_peak_bytes = 0  # and bytes
         self.rerouted = 0  # unsent messages moved by a new VW table (coordinated schemes)
-        #: coordinated schemes: per-VW routed counts, sent every ``report_every_s``
-        self.report_every_s = float(report_every_s)
-        self._routed = (RoutedMeter(grouping.n_virtual, clock())
-                        if self.grouping.coordinated else None)
-        self._load_reports = 0
+        self.vw_every_s = float(vw_every_s)
+        self.vw_history: list[tuple[float, list[int]]] = []
+        self._next_vw = -np.inf
+        self.load_reports = (LoadReports(self.index, grouping.n_virtual, control,
+                                         report_every_s, clock)
+                             if grouping.coordinated and control is not None else None)
         # reference schemes (WRR) are told the configured capacities as they change
         self._cap_changes: list[tuple[float, int, float]] = []
         if self.grouping.knows_capacities:
@@ -257,35 +311,26 @@ class SourceCore:
     # ------------------------------------------------------------------ acks
     def _handle(self, done: list[tuple[Any, Any]]) -> None:
         for token, ack in done:
-            entries = self._inflight.pop(token, None)
-            sent_at = self._sent_at.pop(token, self.clock())
-            if entries is None:  # its worker was declared dead meanwhile
+            call = self.outboxes.inflight.get(token)
+            if call is None:  # its worker was declared dead meanwhile
                 continue
-            w = entries[0].worker
-            sent = sum(len(e.idx) for e in entries)
-            self._inflight_per_worker[w] -= 1
-            self._inflight_n[w] -= sent
             if isinstance(ack, BaseException):
                 if not isinstance(ack, WorkerLost):
                     raise ack
-                self._inflight[token] = entries  # handled with the worker's other entries
-                self._sent_at[token] = sent_at
-                self._inflight_per_worker[w] += 1
-                self._inflight_n[w] += sent
-                self._worker_lost(w, str(ack))
+                self._worker_lost(call.worker, str(ack))  # drops the call with the others
                 continue
             if ack.get("rejected"):
                 raise SourceFenced(f"source-{self.index} epoch {self.epoch} was fenced off")
+            self.outboxes.acked(token, self.clock())
             n = int(ack["acked"])
-            self.drain_rates.acked(w, sent, sent_at, self.clock())
             self.acked += n
-            self.acked_per_worker[w] += n
+            self.acked_per_worker[call.worker] += n
             self.lat_sum_s += float(ack.get("lat_sum_s", 0.0))
-            for entry in entries:
+            for entry in call.entries:
                 if "flush_seq" in ack:
                     self.log.acked(entry, int(ack["flush_seq"]), int(ack["committed_seq"]))
                 if entry.replay:
-                    self._replay_acked(entry)
+                    self.failures.settle([entry], self.clock())
             self.grouping.on_ack(int(ack["worker"]), int(ack.get("signal", 0)), n)
             self._take_table(ack.get("table"))
         self._record_vw()
@@ -293,173 +338,100 @@ class SourceCore:
     def _wait_some(self, timeout: float | None = None) -> None:
         self._report_load()  # a blocked source still reports (what it routed)
         self._check_notices()
-        if not self._inflight:
+        if not self.outboxes.inflight:
             return
         t = self.clock()
         slice_s = WAIT_SLICE_S if timeout is None else timeout
-        self._handle(self.transport.wait(list(self._inflight), slice_s))
+        self._handle(self.transport.wait(list(self.outboxes.inflight), slice_s))
         self.wait_s += self.clock() - t
         self._check_notices()
 
     # ------------------------------------------------------------------ failures
     def notify_worker_failed(self, worker: int) -> None:
         """Thread-safe: the driver saw ``worker`` die; handled by the streaming thread."""
-        with self._notice_lock:
-            self._notices.add(int(worker))
+        self.members.notify_failed(worker)
 
     def notify_worker_added(self, worker: int) -> None:
         """Thread-safe: ``worker`` joined (elasticity); routed to from the next batch."""
-        with self._notice_lock:
-            self._joined.add(int(worker))
+        self.members.notify_added(worker)
 
     def _check_notices(self) -> None:
-        if self._routed is not None and self.control is not None:
-            self._take_table(self.control.poll_table())
+        if self.load_reports is not None:
+            self._take_table(self.load_reports.answer())
         if self._cap_changes and self.t0 is not None:
             now_s = self.clock() - self.t0
             while self._cap_changes and self._cap_changes[0][0] <= now_s:
                 _, w, c = self._cap_changes.pop(0)
                 self.grouping.on_capacity(w, c)
-        if not self._notices and not self._joined:
-            return
-        with self._notice_lock:
-            dead, self._notices = sorted(self._notices), set()
-            joined, self._joined = sorted(self._joined), set()
-        for w in joined:
-            if w not in self.live and w not in self._gone:
-                self.live.add(w)
-                self.grouping.add_worker(w)
-                self.joins.append({"worker": w, "added_ts": self.clock()})
-        for w in dead:
+        failed, added = self.members.take_notices()
+        for w in added:
+            self.members.add(w, self.clock())
+        for w in failed:
             self._worker_lost(w, "notified")
 
     def _worker_lost(self, w: int, cause: str = "") -> None:
         """Fence ``w``, stop routing to it, re-route what its committed flushes miss."""
-        if w not in self.live:
+        if w not in self.members.live:
             return
-        if len(self.live) == 1:
+        if len(self.members.live) == 1:
             raise RuntimeError(f"source-{self.index}: the last live worker ({w}) died: {cause}")
         detected = self.clock()
         committed, held = (self.control.fence_worker(w, self.index)
                            if self.control is not None else (0, []))
-        self.live.discard(w)
-        self._gone.add(w)
-        self.grouping.remove_worker(w)
-        for token in [t for t, es in self._inflight.items() if es[0].worker == w]:
-            del self._inflight[token]
-            self._sent_at.pop(token, None)
-        self.drain_rates.forget(w)
-        self._inflight_per_worker[w] = 0
-        self._inflight_n[w] = 0
-        self._outbox[w].clear()
-        self._outbox_n[w] = 0
-        held_before = list(self.log.entries(w))
-        unacked = sum(len(e.idx) for e in held_before if e.flush_seq is None)
-        lost = self.log.take(w, committed, held)
-        # committed although this source never saw the ack: done, not lost
-        self.acked += unacked - sum(len(e.idx) for e in lost if e.flush_seq is None)
-        acked_before = sum(len(e.idx) for e in lost if e.flush_seq is not None)
-        self.acked -= acked_before  # they will be acked again by their new workers
-        self.acked_per_worker[w] -= acked_before
-        replayed: set[int] = set()
-        for e in lost:
-            new_ids = {id(new) for new in self._route_entries(e.batch, e.idx, e.records,
-                                                              e.hashes, e.emit_ts, replay=True)}
-            replayed |= new_ids
-            # a replay of an earlier failure lost again: that failure now waits for these
-            for pending in self._replaying.values():
-                if id(e) in pending:
-                    pending.discard(id(e))
-                    pending |= new_ids
-        self.failures.append({
+        self.members.remove(w)
+        self.outboxes.forget(w)
+        loss = take_lost(self.log, w, committed, held)
+        self.acked += loss.committed_unacked
+        self.acked -= loss.acked_again
+        self.acked_per_worker[w] -= loss.acked_again
+        replays = [self._route_entries(e.batch, e.idx, e.records, e.hashes, e.emit_ts,
+                                       replay=True) for e in loss.lost]
+        self.failures.lost({
             "worker": w, "cause": cause, "detected_ts": detected, "committed_seq": committed,
-            "replayed_batches": len({e.batch for e in lost}),
-            "replayed_subbatches": len(lost),
-            "replayed_messages": int(sum(len(e.idx) for e in lost)),
-            "replayed_after_ack": int(acked_before),
-            "recovered_ts": None if replayed else self.clock(),
-        })
-        if replayed:
-            self._replaying[len(self.failures) - 1] = replayed
-        # an earlier failure's replays that ``w`` committed before dying are done
-        lost_ids = {id(e) for e in lost}
-        self._settle({id(e) for e in held_before} - lost_ids)
+            "replayed_batches": len({e.batch for e in loss.lost}),
+            "replayed_subbatches": len(loss.lost),
+            "replayed_messages": int(sum(len(e.idx) for e in loss.lost)),
+            "replayed_after_ack": int(loss.acked_again),
+        }, loss, replays, self.clock())
         self._flush()
 
-    def _replay_acked(self, entry: Entry) -> None:
-        self._settle({id(entry)})
-
-    def _settle(self, done: set[int]) -> None:
-        """Replayed entries ``done`` need nothing more; a failure whose replays
-        are all settled is recovered."""
-        for i, pending in list(self._replaying.items()):
-            pending -= done
-            if not pending:
-                self.failures[i]["recovered_ts"] = self.clock()
-                del self._replaying[i]
-
-    def _reroute_outboxes(self) -> None:
-        """A new VW table: sub-batches still in an outbox (routed, never sent) go
-        where their VWs are now; sent ones stay (no message migrates)."""
-        elsewhere: list[Entry] = []
-        for w, q in enumerate(self._outbox):
-            items = list(q)
-            q.clear()
-            for e in items:
-                dest = self.grouping.owner_of(e.vws) if e.vws is not None else None
-                if dest is None or (dest == w).all():
-                    q.append(e)
-                    continue
-                self.log.remove(e)
-                parts = [self.log.add(e.subset(np.flatnonzero(dest == u), int(u)))
-                         for u in np.unique(dest)]
-                for part in parts:
-                    if part.worker == w:
-                        q.append(part)
-                        continue
-                    elsewhere.append(part)
-                    self._outbox_n[w] -= len(part.idx)
-                    self.sent_per_worker[w] -= len(part.idx)
-                    self.sent_per_worker[part.worker] += len(part.idx)
-                    self.rerouted += len(part.idx)
-                if e.replay:  # a failure waiting for this replay now waits for its parts
-                    for pending in self._replaying.values():
-                        if id(e) in pending:
-                            pending.discard(id(e))
-                            pending |= {id(x) for x in parts}
-        for part in elsewhere:
-            self._queue(part)
-        self._flush()
+    def _split_queued(self, w: int, e: Entry) -> list[Entry] | None:
+        """A sub-batch still in worker ``w``'s outbox, split by where its VWs are
+        now (None: all still on ``w``)."""
+        dest = self.grouping.owner_of(e.vws) if e.vws is not None else None
+        if dest is None or (dest == w).all():
+            return None
+        self.log.remove(e)
+        parts = [self.log.add(e.subset(np.flatnonzero(dest == u), int(u)))
+                 for u in np.unique(dest)]
+        for part in parts:
+            if part.worker != w:
+                self.sent_per_worker[w] -= len(part.idx)
+                self.sent_per_worker[part.worker] += len(part.idx)
+                self.rerouted += len(part.idx)
+        if e.replay:  # a death waiting for this replay now waits for its parts
+            self.failures.split(e, parts)
+        return parts
 
     def _take_table(self, table: Any) -> None:
         """A coordinated scheme's table (on an ack, or the answer to a load
-        report): a newer one re-routes what the outboxes still hold."""
+        report): a newer one re-routes what the outboxes still hold (routed,
+        never sent); sent sub-batches stay (no message migrates)."""
         if table is not None and self.grouping.on_table(table):
-            self._reroute_outboxes()
+            for part in self.outboxes.reroute(self._split_queued):
+                self.outboxes.queue(part)
+            self._flush()
 
     def _report_load(self, vws: np.ndarray | None = None, final: bool = False) -> None:
-        """Coordinated schemes: count what is routed per VW; every
-        ``report_every_s`` - the first time after ``FIRST_PLAN_S`` - and at the
-        end, send it to the controller, whose answer is its latest table. The
-        final report ends the controller's planning, and the source waits for
-        (and adopts) the answer: every source ends on the controller's last table."""
-        if self._routed is None or self.control is None:
+        """Coordinated schemes: a load report when due (``LoadReports``); the
+        controller's answer is its latest table. The final report ends the
+        controller's planning, and the source waits for (and adopts) the
+        answer: every source ends on the controller's last table."""
+        if self.load_reports is None:
             return
-        if vws is not None:
-            self._routed.routed(vws)
-        now = self.clock()
-        due = FIRST_PLAN_S if self._load_reports == 0 else self.report_every_s
-        if final or now - self._routed.since >= due:
-            self._load_reports += 1
-            self.control.report_routed(self.index, self._routed.take(now, final=final))
+        self.load_reports.send_due(vws, final)
         if final:
-            self._take_table(self.control.poll_table(timeout=None))
-
-    def _queue(self, e: Entry) -> None:
-        if not self._outbox[e.worker]:
-            self._queued_at[e.worker] = self.clock()
-        self._outbox[e.worker].append(e)
-        self._outbox_n[e.worker] += len(e.idx)
+            self._take_table(self.load_reports.answer(timeout=None))
 
     def _record_vw(self, force: bool = False) -> None:
         if self.t0 is None:
@@ -493,7 +465,7 @@ class SourceCore:
             sel = order[bounds[w]:bounds[w + 1]]
             e = self.log.add(Entry(int(w), batch, pos[sel], take(records, sel), hashes[sel],
                                    emit, replay=replay, vws=None if vws is None else vws[sel]))
-            self._queue(e)
+            self.outboxes.queue(e)
             self.sent_per_worker[w] += len(sel)
             out.append(e)
         self.retained_peak = max(self.retained_peak, self.log.messages)
@@ -525,15 +497,13 @@ class SourceCore:
         self.route_s += self.clock() - t
         self.routed += n
         self.batches += 1
-        self._batch_rows = max(self._batch_rows, n)
+        self.outboxes.saw_batch(n)
         self._flush()
-        # backpressure: a worker with more than (max_inflight + outbox) batches'
-        # worth of messages unacknowledged (in flight or queued) blocks this
-        # source - the memory bound - while the others keep being fed instead of
-        # idling behind it
-        bound = (self.max_inflight + self.outbox_batches) * self._batch_rows
+        # backpressure: the memory bound blocks this source on a worker that
+        # holds too much, while the others keep being fed instead of idling
+        # behind it
         blocked = self.clock()
-        while (self._outbox_n + self._inflight_n > bound).any():
+        while self.outboxes.over_bound():
             self._flush(force=True)  # blocked: nothing lingers
             self._wait_some()
             blocked = self._learn_commits(blocked)
@@ -550,58 +520,26 @@ class SourceCore:
         if self.control is None or now - since < COMMIT_POLL_S:
             return since
         for w, seq in self.control.committed().items():
-            if w in self.live:
+            if w in self.members.live:
                 self.log.committed(int(w), int(seq))
         return now
 
     def _flush(self, force: bool = False) -> None:
-        """Send queued sub-batches, oldest first, while the windows allow: each
-        call takes what the worker's outbox holds, up to ``call_messages``
-        and ``CALL_S`` of the worker's work (always at least one sub-batch) -
-        calls grow with the load. Unless ``force``, an outbox below its fill
-        target waits until it has lingered ``linger_s``."""
+        """Send what the outboxes let go (``Outboxes.flush``), each call one
+        ``Part`` tagged with this source's watermark."""
         watermark = self.log.watermark(self.next_batch)
-        now = self.clock()
-        fill = (self.max_inflight + self.outbox_batches) * self._batch_rows // 2
-        for w, q in enumerate(self._outbox):
-            cap = self.drain_rates.call_cap(w, self.call_messages)
-            if (q and not force and self._outbox_n[w] < min(cap, fill)
-                    and now - self._queued_at[w] < self.linger_s):
-                continue
-            while q and self._inflight_per_worker[w] < self.max_inflight:
-                entries = [q.popleft()]
-                n = len(entries[0].idx)
-                while q and n + len(q[0].idx) <= cap:
-                    entries.append(q.popleft())
-                    n += len(entries[-1].idx)
-                self._outbox_n[w] -= n
-                part = Part.join(self.index, self.epoch, watermark, entries)
-                token = self.transport.send(w, [part])
-                self._inflight[token] = entries
-                self._sent_at[token] = self.clock()
-                self._inflight_per_worker[w] += 1
-                self._inflight_n[w] += n
-                self.calls += 1
 
-    def _pause(self, seconds: float) -> None:
-        """A paced source ahead of its schedule: sleep ``seconds``, sending each
-        lingering outbox (with room in its window) when it is due."""
-        end = self.clock() + seconds
-        while (left := end - self.clock()) > 0:
-            due = [self._queued_at[w] + self.linger_s for w, q in enumerate(self._outbox)
-                   if q and self._inflight_per_worker[w] < self.max_inflight]
-            wake = min(due, default=end) - self.clock()
-            if wake >= left:
-                self.sleep(left)
-                return
-            self.sleep(max(wake, 0.0))
-            self._flush(force=True)  # one is due (the others go early: no extra wake-up)
+        def send(w: int, entries: list[Entry]) -> Any:
+            return self.transport.send(w, [Part.join(self.index, self.epoch, watermark,
+                                                     entries)])
+
+        self.outboxes.flush(send, force)
 
     def idle(self, timeout: float) -> None:
         """Nothing to route yet (a live stream between micro-batches): for at
         most ``timeout`` s take acks and send what the outboxes hold, so no
         routed message waits for the next data."""
-        if self._inflight or any(self._outbox):
+        if self.outboxes.busy():
             self._flush(force=True)  # no data to wait for: nothing lingers
             self._wait_some(timeout)
             self._flush(force=True)
@@ -618,55 +556,42 @@ class SourceCore:
         start = self.clock()
         if self.t0 is None:
             self.t0 = start
-        if self._routed is not None:  # the load reports' windows start with the run
-            self._routed.since = max(start, self.t0)
+        self.pacer.start = start
+        if self.load_reports is not None:  # the reports' windows start with the run
+            self.load_reports.start(max(start, self.t0))
         self._record_vw(force=True)
-        resume: dict[str, Any] = {}
-        if plan is not None:
-            self.resume = resume = {"start_batch": plan.start_batch, "skipped_batches": 0,
-                           "reread_batches": 0,
-                           "skipped_messages": 0, "resent_messages": 0, "retained": 0}
+        resume = self.resume = Resume(plan) if plan is not None else None
         for b, item in enumerate(batches):
             self._check_notices()
             table, handed = item if isinstance(item, tuple) else (item, None)
-            due = start + self.routed / self.rate if self.rate > 0 else handed
-            if plan is not None and b <= plan.last_claimed_batch:
-                if b < plan.start_batch:
-                    resume["skipped_batches"] += 1
+            due = self.pacer.due(self.routed, handed)
+            if resume is not None and resume.covers(b):
+                if resume.skips(b):
                     self.next_batch = b + 1
                     continue
-                self._resume_batch(plan, b, table, due, resume)
+                self._resume_batch(resume, b, table, due)
             else:
                 # paced: the batch was due at its scheduled time, even if we are late
                 self.send_batch(table, due, batch=b)
             self.next_batch = b + 1
-            if self.rate > 0:
-                ahead = start + self.routed / self.rate - self.clock()
-                if ahead > 0:
-                    self._pause(ahead)
+            self.pacer.wait_until_due(self.routed, self.outboxes.linger_deadlines,
+                                lambda: self._flush(force=True))
         self.drain()
         self._report_load(final=True)
         self._record_vw(force=True)
         self.done = True
         return self.stats(start)
 
-    def _resume_batch(self, plan: ResumePlan, b: int, table: pa.Table,
-                      due: float | None, resume: dict[str, Any]) -> None:
-        """A batch a dead incarnation may have sent: keep what live workers hold
-        uncommitted (so a later worker death replays it), send only the rest."""
-        n = table.num_rows
-        todo, retain = plan.split(b, n)
-        resume["reread_batches"] += 1
+    def _resume_batch(self, resume: Resume, b: int, table: pa.Table,
+                      due: float | None) -> None:
+        """Batch ``b``, which a dead incarnation may have sent: retain what live
+        workers hold uncommitted, send only the rest."""
         records = as_record_batch(table)
         hashes = hash_arrow(records.column(self.key))
         emit = self.clock() if due is None else due
-        for w, idx, seq in retain:
-            if w in self.live:
-                self.log.add(Entry(w, b, idx, take(records, idx), hashes[idx], emit,
-                                   flush_seq=seq, replay=True))
-                resume["retained"] += len(idx)
-        resume["skipped_messages"] += n - len(todo)
-        resume["resent_messages"] += len(todo)
+        todo, retained = resume.split(b, records, hashes, emit, self.members.live)
+        for e in retained:
+            self.log.add(e)
         if len(todo):
             self.send_batch(table.take(pa.array(todo)), due, batch=b, idx=todo)
 
@@ -674,7 +599,7 @@ class SourceCore:
         """End of stream: wait for every ack, then until every sub-batch this
         source sent is committed (replaying for workers that die meanwhile)."""
         while True:
-            while self._inflight or any(self._outbox):
+            while self.outboxes.busy():
                 self._flush(force=True)
                 self._wait_some()
             if self.acks_done_ts is None:
@@ -691,7 +616,7 @@ class SourceCore:
     def progress(self) -> dict[str, Any]:
         return {"source": self.index, "routed": self.routed, "acked": self.acked,
                 "done": self.done, "epoch": self.epoch, "retained": self.log.messages,
-                "failures": [dict(f) for f in self.failures]}
+                "failures": [dict(f) for f in self.failures.records]}
 
     def stats(self, start: float | None = None) -> dict[str, Any]:
         g = self.grouping.stats()
@@ -700,7 +625,7 @@ class SourceCore:
             "routed": self.routed,
             "acked": self.acked,
             "batches": self.batches,
-            "calls": self.calls,
+            "calls": self.outboxes.calls,
             "sent_per_worker": self.sent_per_worker.tolist(),
             "grouping": g,
             "migrations": int(g.get("migrations", 0)),
@@ -712,12 +637,12 @@ class SourceCore:
             "committed_ts": self.clock(),
             "vw_history": self.vw_history,
             "epoch": self.epoch,
-            "failures": self.failures,
-            "resume": self.resume,
-            "live_workers": sorted(self.live),
+            "failures": self.failures.records,
+            "resume": self.resume.stats if self.resume is not None else None,
+            "live_workers": sorted(self.members.live),
             "retained_peak_messages": self.retained_peak,
             "retained_peak_bytes": self.retained_peak_bytes,
-            "joins": self.joins,
+            "joins": self.members.joins,
             "rerouted_messages": self.rerouted,
         }
 
@@ -1010,7 +935,7 @@ class SourceActor:
             started = time.time()
             if self.core.epoch > 0 and self.control is not None:
                 plan = self.control.fence_source(self.core.index, self.core.epoch,
-                                                 sorted(self.core.live))
+                                                 sorted(self.core.members.live))
             self.resumed_ts = time.time()
             batches: Iterable[Any]
             if self.inbox is not None:

@@ -307,7 +307,7 @@ def test_outboxes_are_bounded_and_keep_fifo_per_worker() -> None:
 
     def watching_flush(force: bool = False) -> None:
         nonlocal longest
-        longest = max(longest, int((src._outbox_n + src._inflight_n).max()))
+        longest = max(longest, int(src.outboxes.held_n().max()))
         flush(force)
 
     src._flush = watching_flush

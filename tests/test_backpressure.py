@@ -103,7 +103,7 @@ def test_a_slow_workers_calls_hold_call_s_of_its_work():
         src.send_batch(pa.table({"key": [f"k{i}" for i in range(100)]}))
     src.drain()
     assert src.acked == 20000
-    assert src.drain_rates.rate[1] == pytest.approx(served[1], rel=0.05)
+    assert src.outboxes.drain_rates.rate[1] == pytest.approx(served[1], rel=0.05)
     # without the cap the slow worker's calls grow to its whole outbox
     late = tr.sizes[1][len(tr.sizes[1]) // 2:]
     assert max(late) <= served[1] * CALL_S * 1.05 + 50  # + one sub-batch

@@ -330,7 +330,7 @@ def test_a_source_blocked_by_backpressure_learns_commits_from_the_aggregator() -
                      control=c, clock=ft.clock, sleep=ft.sleep, t0=ft.t)
     for b in range(3):
         src.send_batch(pa.table({"key": [f"k{i}" for i in range(100)]}), batch=b)
-    while src._inflight or src._outbox_n.any():  # every call acknowledged, none committed
+    while src.outboxes.busy():  # every call acknowledged, none committed
         src._flush()
         src._wait_some()
     assert len(list(src.log.entries(0))) == 3 and len(list(src.log.entries(1))) == 3

@@ -1,0 +1,158 @@
+"""A source's per-worker outboxes: what waits to be sent and what is in flight.
+
+Plain class, no Ray (``actors.source.SourceCore`` composes it). Per worker, a
+FIFO of routed sub-batches (``Entry``) and the calls sent but not yet
+acknowledged. A worker gets at most ``max_inflight`` calls in flight; one call
+takes every sub-batch its outbox holds, up to ``call_messages`` messages and
+``CALL_S`` of the worker's measured work (``runtime.backpressure``), always at
+least one sub-batch. Unless forced, an outbox below its fill target (the call
+cap, or half the memory bound, whichever is lower) lingers up to ``linger_s``
+to fill its call: fewer, larger calls while the windows are open.
+
+The memory bound: a worker holding more than ``(max_inflight + outbox_batches)``
+batches' worth of messages unacknowledged (queued or in flight) must block its
+source (``over_bound``) - counted in messages of the largest batch seen, so a
+worker sent small sub-batches (few VWs) does not block the source early.
+"""
+
+from __future__ import annotations
+
+import collections
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from runtime.backpressure import DrainRates
+from runtime.reliability import Entry
+
+
+@dataclass
+class Call:
+    """One call in flight: its worker, sub-batches (in order), messages and send time."""
+
+    worker: int
+    entries: list[Entry]
+    messages: int
+    sent_at: float
+
+
+class Outboxes:
+    """Every worker's outbox and calls in flight for one source (see the module docstring)."""
+
+    def __init__(self, n_workers: int, *, max_inflight: int, outbox_batches: int,
+                 call_messages: int, linger_s: float, clock: Callable[[], float]) -> None:
+        self.max_inflight = int(max_inflight)
+        self.outbox_batches = int(outbox_batches)
+        self.call_messages = int(call_messages)
+        self.linger_s = float(linger_s)
+        self.clock = clock
+        self.batch_rows = 1  # the largest batch routed so far: the bound's unit
+        self.queues: list[collections.deque[Entry]] = [collections.deque()
+                                                       for _ in range(n_workers)]
+        self.queued_n = np.zeros(n_workers, dtype=np.int64)  # messages in each queue
+        self.queued_at = np.zeros(n_workers)  # when each queue's linger began
+        self.inflight: dict[Any, Call] = {}  # transport token -> call
+        self.calls_per_worker = np.zeros(n_workers, dtype=np.int64)  # calls in flight
+        self.inflight_n = np.zeros(n_workers, dtype=np.int64)  # their messages
+        #: how fast each worker drains this source's messages: caps its calls
+        #: in seconds of work, not only in messages
+        self.drain_rates = DrainRates(n_workers)
+        self.calls = 0  # calls sent
+
+    def queue(self, entry: Entry) -> None:
+        """Append a routed sub-batch to its worker's outbox."""
+        w = entry.worker
+        if not self.queues[w]:
+            self.queued_at[w] = self.clock()
+        self.queues[w].append(entry)
+        self.queued_n[w] += len(entry.idx)
+
+    def saw_batch(self, rows: int) -> None:
+        """A batch of ``rows`` messages was routed (the memory bound grows with the largest)."""
+        self.batch_rows = max(self.batch_rows, int(rows))
+
+    def held_n(self) -> np.ndarray:
+        """Per worker: messages unacknowledged, queued or in flight."""
+        return self.queued_n + self.inflight_n
+
+    def over_bound(self) -> bool:
+        """Some worker holds more than the memory bound: the source must block."""
+        bound = (self.max_inflight + self.outbox_batches) * self.batch_rows
+        return bool((self.held_n() > bound).any())
+
+    def busy(self) -> bool:
+        """Anything queued or in flight."""
+        return bool(self.inflight) or any(self.queues)
+
+    def flush(self, send: Callable[[int, list[Entry]], Any], force: bool = False) -> None:
+        """Cut calls from the outboxes, oldest sub-batch first, while the windows
+        allow; ``send(worker, entries)`` sends one and returns its token. Unless
+        ``force``, an outbox below its fill target waits until it has lingered
+        ``linger_s``."""
+        now = self.clock()
+        fill = (self.max_inflight + self.outbox_batches) * self.batch_rows // 2
+        for w, q in enumerate(self.queues):
+            cap = self.drain_rates.call_cap(w, self.call_messages)
+            if (q and not force and self.queued_n[w] < min(cap, fill)
+                    and now - self.queued_at[w] < self.linger_s):
+                continue
+            while q and self.calls_per_worker[w] < self.max_inflight:
+                entries = [q.popleft()]
+                n = len(entries[0].idx)
+                while q and n + len(q[0].idx) <= cap:
+                    entries.append(q.popleft())
+                    n += len(entries[-1].idx)
+                self.queued_n[w] -= n
+                token = send(w, entries)
+                self.inflight[token] = Call(w, entries, n, self.clock())
+                self.calls_per_worker[w] += 1
+                self.inflight_n[w] += n
+                self.calls += 1
+
+    def linger_deadlines(self) -> Iterator[float]:
+        """When each lingering outbox with room in its window is due."""
+        return (self.queued_at[w] + self.linger_s for w, q in enumerate(self.queues)
+                if q and self.calls_per_worker[w] < self.max_inflight)
+
+    def acked(self, token: Any, now: float) -> Call:
+        """Call ``token`` was acknowledged at ``now``: its window slot is free."""
+        call = self.inflight.pop(token)
+        self.calls_per_worker[call.worker] -= 1
+        self.inflight_n[call.worker] -= call.messages
+        self.drain_rates.acked(call.worker, call.messages, call.sent_at, now)
+        return call
+
+    def forget(self, worker: int) -> None:
+        """``worker`` is gone: drop its calls and its outbox (the replay log
+        still holds their sub-batches)."""
+        for token in [t for t, c in self.inflight.items() if c.worker == worker]:
+            del self.inflight[token]
+        self.drain_rates.forget(worker)
+        self.calls_per_worker[worker] = 0
+        self.inflight_n[worker] = 0
+        self.queues[worker].clear()
+        self.queued_n[worker] = 0
+
+    def reroute(self, split: Callable[[int, Entry], list[Entry] | None]) -> list[Entry]:
+        """Re-split every queued sub-batch: ``split(worker, entry)`` gives its
+        parts, or None when it stays whole. Parts for the same worker keep their
+        place; the others leave this outbox and are returned, in order, for the
+        caller to ``queue``."""
+        moved: list[Entry] = []
+        for w, q in enumerate(self.queues):
+            items = list(q)
+            q.clear()
+            for e in items:
+                parts = split(w, e)
+                if parts is None:
+                    q.append(e)
+                    continue
+                for part in parts:
+                    if part.worker == w:
+                        q.append(part)
+                    else:
+                        moved.append(part)
+                        self.queued_n[w] -= len(part.idx)
+        return moved
