@@ -1,12 +1,19 @@
-"""The driver's side of failures: inject the topology's faults, detect deaths,
-restart sources, sample memory, and report (docs/reliability.md).
+"""The driver's side of failures and membership (docs/reliability.md).
 
-``FaultManager`` is created by ``actors.pipeline.run_pipeline`` once the actors
-exist and polled from its loop (every ``POLL_S``):
+``FaultInjector`` (pure: no Ray, no clock) says what the topology's schedule
+asks for, and when: ``faults`` (``Kill``) and ``workers.changes`` add/remove
+(``Join`` / ``Leave``), each returned once, when due; it also refuses the ones
+that would leave no live worker.
 
-- **inject**: at ``at_s`` the named actor's process is killed for real -
+``Supervisor`` is created by
+``actors.pipeline.run_pipeline`` once the actors exist and polled from its loop
+(every ``POLL_S``); it carries out what the injector says and watches the run:
+
+- **inject**: a ``Kill`` kills the named actor's process for real -
   ``SIGKILL`` to its pid when it runs on this node, else
-  ``ray.kill(no_restart=True)`` (Ray kills the process);
+  ``ray.kill(no_restart=True)`` (Ray kills the process); a ``Join`` tells every
+  source (and the aggregator) about the new worker; a ``Leave`` retires the
+  worker as if it had died;
 - **detect**: every live worker is pinged (``progress``; the answers are also
   the imbalance samples); a ``RayActorError`` is a death: the worker is fenced
   at the aggregator and every source is told (``worker_failed``), which makes
@@ -14,8 +21,11 @@ exist and polled from its loop (every ``POLL_S``):
   by themselves when a call to it fails). A source's ``run`` failing with
   ``RayActorError`` is a source death: a new incarnation (``epoch + 1``) is
   started on the same shard and resumes from what is committed;
-- **memory**: the peak RSS (``VmHWM``) of every actor process on this node,
-  read from ``/proc`` on each poll (also from the dead ones, until they die);
+- **progress**: messages acked by the sources (``acked``), the workers'
+  latest utilizations (``utilizations``);
+- **memory** (``ActorProcesses``): the peak RSS (``VmHWM``) of every actor
+  process on this node, read from ``/proc`` on each poll (also from the dead
+  ones, until they die);
 - **report**: ``failures`` (one entry per fault: actor, at_s, killed_s,
   detected_s, recovered_s, recovery_s, replayed batches / messages) and
   ``peak_rss_mb`` per actor.
@@ -26,8 +36,9 @@ from __future__ import annotations
 import os
 import signal
 import time
-from collections.abc import Callable, Sequence
-from typing import Any
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any, ClassVar
 
 import ray
 
@@ -46,7 +57,154 @@ def not_yet_added(topo: Topology) -> list[int]:
 PING_TIMEOUT_S = 0.1
 
 
-class FaultManager:
+# ============================================================================ injector
+
+
+@dataclass(frozen=True)
+class Kill:
+    """Kill ``actor`` ("worker-3", "source-0") at ``at_s`` (a ``faults`` entry)."""
+
+    at_s: float
+    actor: str
+
+    @property
+    def kind(self) -> str:
+        """``worker`` or ``source``."""
+        return self.actor.partition("-")[0]
+
+    @property
+    def index(self) -> int:
+        return int(self.actor.partition("-")[2])
+
+
+@dataclass(frozen=True)
+class Join:
+    """Worker ``worker`` joins at ``at_s`` (``workers.changes`` ``add``)."""
+
+    op: ClassVar[str] = "add"
+    at_s: float
+    worker: int
+
+
+@dataclass(frozen=True)
+class Leave:
+    """Worker ``worker`` leaves at ``at_s`` (``workers.changes`` ``remove``)."""
+
+    op: ClassVar[str] = "remove"
+    at_s: float
+    worker: int
+
+
+class FaultInjector:
+    """The run's scheduled disruptions: ``due(now_s)`` returns each one once,
+    when its ``at_s`` has come - the kills first, then the membership changes,
+    each in time order (ties: by name). Whether one may still go ahead depends
+    on who is alive then: ``kill_refused`` / ``leave_refused``."""
+
+    def __init__(self, kills: Iterable[tuple[float, str]] = (),
+                 joins: Iterable[tuple[float, int]] = (),
+                 leaves: Iterable[tuple[float, int]] = ()) -> None:
+        self._kills = FaultSchedule(kills)
+        self._membership = FaultSchedule(
+            [(a, f"add:{w}") for a, w in joins] + [(a, f"remove:{w}") for a, w in leaves])
+
+    @classmethod
+    def of(cls, topo: Topology) -> FaultInjector:
+        """The schedule of ``topo``'s ``faults`` and ``workers.changes``."""
+        return cls(((f.at_s, f.kill) for f in topo.faults),
+                   [(a, w) for a, w, _ in topo.workers.added()],
+                   [(m.at_s, m.remove) for m in topo.workers.membership if m.remove is not None])
+
+    def due(self, now_s: float) -> list[Kill | Join | Leave]:
+        """What is due by ``now_s`` (seconds into the run) and was not returned before."""
+        out: list[Kill | Join | Leave] = [Kill(a, name) for a, name in self._kills.due(now_s)]
+        for at_s, what in self._membership.due(now_s):
+            op, _, w = what.partition(":")
+            out.append(Join(at_s, int(w)) if op == "add" else Leave(at_s, int(w)))
+        return out
+
+    def __len__(self) -> int:
+        """Actions not yet due."""
+        return len(self._kills) + len(self._membership)
+
+    @staticmethod
+    def kill_refused(kill: Kill, dead: set[int], n_workers: int) -> str:
+        """Why ``kill`` must not go ahead ("" if it may) while workers ``dead``
+        are dead: a worker is dead already, or it is the last live one."""
+        if kill.kind != "worker":
+            return ""
+        if kill.index in dead:
+            return "already dead"
+        if len(dead) + 1 >= n_workers:
+            return "not injected: it is the last live worker"
+        return ""
+
+    @staticmethod
+    def leave_refused(leave: Leave, dead: set[int], inactive: set[int], n_workers: int) -> str:
+        """Why ``leave`` must not go ahead ("" if it may): the worker is not
+        live (dead, or not joined yet), or it is the last live one."""
+        if leave.worker in dead or leave.worker in inactive:
+            return "not live: nothing to remove"
+        if len(dead) + len(inactive) + 1 >= n_workers:
+            return "not removed: it is the last live worker"
+        return ""
+
+
+# ============================================================================ memory
+
+
+class ActorProcesses:
+    """Where every actor's process runs (pid, node), and the peak RSS of the
+    ones on this node (``sample`` on every poll)."""
+
+    def __init__(self) -> None:
+        self.here = ray.get_runtime_context().get_node_id()
+        self.pids: dict[str, int] = {}
+        self.nodes: dict[str, str] = {}
+        self.peak_rss: dict[str, float] = {}
+
+    def register(self, name: str, actor: Any) -> None:
+        pid, node = ray.get([actor.pid.remote(), actor.node_id.remote()])
+        self.pids[name], self.nodes[name] = int(pid), str(node)
+
+    def on_this_node(self, name: str) -> bool:
+        return self.nodes.get(name) == self.here
+
+    def sample(self) -> None:
+        for name, pid in self.pids.items():
+            if not self.on_this_node(name):
+                continue
+            mb = peak_rss_mb(pid)
+            if mb is not None and mb > self.peak_rss.get(name, 0.0):
+                self.peak_rss[name] = mb
+
+    def peaks(self, source_stats: list[dict[str, Any]], worker_stats: list[dict[str, Any]],
+              agg_stats: dict[str, Any]) -> dict[str, float]:
+        """Peak RSS per actor, by name: the larger of what was sampled here
+        and what the actor measured itself (the only number for other nodes)."""
+        peak = dict(self.peak_rss)
+
+        def merge(name: str, mb: Any) -> None:
+            if mb is not None:
+                peak[name] = max(peak.get(name, 0.0), float(mb))
+
+        for i, ws in enumerate(worker_stats):
+            merge(f"worker-{i}", ws.get("peak_rss_mb"))
+        for ss in source_stats:
+            merge(f"source-{ss['source']}" + (f".{ss['epoch']}" if ss.get("epoch") else ""),
+                  ss.get("peak_rss_mb"))
+        merge("aggregator", agg_stats.get("peak_rss_mb"))
+        return dict(sorted(peak.items()))
+
+
+# ============================================================================ supervisor
+
+
+class Supervisor:
+    """Runs the sources, carries out the ``FaultInjector``'s schedule, detects
+    deaths and recovers from them, supplies the driver's progress and
+    imbalance samples, and reports (see the module docstring)."""
+
     def __init__(
         self,
         topo: Topology,
@@ -62,22 +220,14 @@ class FaultManager:
         self.agg = aggregator
         self.make_source = make_source
         self.say = say
-        self.schedule = FaultSchedule((f.at_s, f.kill) for f in topo.faults)
-        # membership (workers.changes add/remove): "add:<w>" / "remove:<w>" events
-        self.membership = FaultSchedule(
-            [(a, f"add:{w}") for a, w, _ in topo.workers.added()]
-            + [(m.at_s, f"remove:{m.remove}") for m in topo.workers.membership
-               if m.remove is not None])
+        self.injector = FaultInjector.of(topo)
         self.inactive: set[int] = set(not_yet_added(topo))
         self.membership_log: list[dict[str, Any]] = []
         self.events: list[FaultEvent] = []
         self.dead_workers: set[int] = set()
         self.epochs = [0] * len(self.sources)
         self.restarts: list[tuple[int, int, FaultEvent]] = []  # (source, epoch, event)
-        self.here = ray.get_runtime_context().get_node_id()
-        self.pids: dict[str, int] = {}
-        self.nodes: dict[str, str] = {}
-        self.peak_rss: dict[str, float] = {}
+        self.processes = ActorProcesses()
         self._pings: dict[int, Any] = {}
         self._utilization = [0.0] * len(self.workers)
         self.t0 = time.time()
@@ -86,15 +236,11 @@ class FaultManager:
         #: the last failure records each source incarnation reported through
         #: ``progress`` - what a source replayed survives that source's own death
         self._source_failures: dict[tuple[int, int], list[dict[str, Any]]] = {}
-        self._register("aggregator", aggregator)
+        self.processes.register("aggregator", aggregator)
         for i, w in enumerate(self.workers):
-            self._register(f"worker-{i}", w)
+            self.processes.register(f"worker-{i}", w)
         for i, s in enumerate(self.sources):
-            self._register(f"source-{i}", s)
-
-    def _register(self, name: str, actor: Any) -> None:
-        pid, node = ray.get([actor.pid.remote(), actor.node_id.remote()])
-        self.pids[name], self.nodes[name] = int(pid), str(node)
+            self.processes.register(f"source-{i}", s)
 
     # ------------------------------------------------------------------ streaming
     def start(self, t0: float, namespace: str) -> list[Any]:
@@ -105,13 +251,14 @@ class FaultManager:
 
     def poll(self) -> None:
         now_s = time.time() - self.t0
-        for at_s, name in self.schedule.due(now_s):
-            self._kill(name, at_s)
-        for at_s, what in self.membership.due(now_s):
-            self._membership(what, at_s, now_s)
+        for action in self.injector.due(now_s):
+            if isinstance(action, Kill):
+                self._kill(action)
+            else:
+                self._change_membership(action, now_s)
         self._ping_workers()
         self._check_sources()
-        self._sample_memory()
+        self.processes.sample()
 
     def finished(self) -> bool:
         """Every source's current incarnation returned."""
@@ -136,38 +283,27 @@ class FaultManager:
             self._source_failures[(int(p["source"]), int(p["epoch"]))] = p["failures"]
         return done
 
-    def _worker_failure_records(self, source_stats: list[dict[str, Any]]) -> list[dict[str, Any]]:
-        """Every source incarnation's re-routing records: the final ones from
-        ``source_stats``, a dead incarnation's from its last ``progress``."""
-        final = {(int(s["source"]), int(s.get("epoch", 0))) for s in source_stats}
-        records = [f for s in source_stats for f in s.get("failures", [])]
-        for key, fs in sorted(self._source_failures.items()):
-            if key not in final:
-                records.extend(fs)
-        return records
-
     def utilizations(self) -> list[float]:
         """Latest utilization sample of every live worker."""
         return [u for i, u in enumerate(self._utilization)
                 if i not in self.dead_workers and i not in self.inactive]
 
-    # ------------------------------------------------------------------ membership
-    def _membership(self, what: str, at_s: float, now_s: float) -> None:
+    # ------------------------------------------------------------------ inject
+    def _change_membership(self, change: Join | Leave, now_s: float) -> None:
         """A worker joins (every source adds it to its grouping) or leaves (it is
         retired exactly like a dead worker: fenced, its uncommitted work
         re-routed by the sources - nothing is lost - then its process ends)."""
-        op, _, idx = what.partition(":")
-        w = int(idx)
-        entry: dict[str, Any] = {"op": op, "worker": w, "at_s": at_s, "applied_s": now_s}
-        if op == "add":
+        w = change.worker
+        entry: dict[str, Any] = {"op": change.op, "worker": w, "at_s": change.at_s,
+                                 "applied_s": now_s}
+        if isinstance(change, Join):
             self.inactive.discard(w)
             self.agg.worker_added.remote(w)  # a coordinated scheme's controller
             for s in self.sources:
                 s.worker_added.remote(w)
-        elif w in self.dead_workers or w in self.inactive:
-            entry["note"] = "not live: nothing to remove"
-        elif len(self.dead_workers) + len(self.inactive) + 1 >= len(self.workers):
-            entry["note"] = "not removed: it is the last live worker"
+        elif note := FaultInjector.leave_refused(change, self.dead_workers, self.inactive,
+                                                 len(self.workers)):
+            entry["note"] = note
         else:
             self.dead_workers.add(w)
             entry["committed_seq"] = int(ray.get(self.agg.fence_worker.remote(w)))
@@ -175,39 +311,28 @@ class FaultManager:
                 s.worker_failed.remote(w)
             ray.kill(self.workers[w], no_restart=True)  # fenced: its state is not needed
         self.membership_log.append(entry)
-        self.say(f"[{self.topo.name}] workers: {op} worker-{w} at {now_s:.2f} s")
+        self.say(f"[{self.topo.name}] workers: {change.op} worker-{w} at {now_s:.2f} s")
 
-    # ------------------------------------------------------------------ inject
-    def _kill(self, name: str, at_s: float) -> None:
-        kind, _, idx = name.partition("-")
-        i = int(idx)
-        ev = FaultEvent(actor=name, at_s=at_s, pid=self.pids.get(name))
+    def _kill(self, kill: Kill) -> None:
+        name = kill.actor
+        ev = FaultEvent(actor=name, at_s=kill.at_s, pid=self.processes.pids.get(name))
         self.events.append(ev)
-        if kind == "worker" and i in self.dead_workers:
-            ev.note = "already dead"
+        ev.note = FaultInjector.kill_refused(kill, self.dead_workers, len(self.workers))
+        if ev.note:
             return
-        if kind == "worker" and len(self.dead_workers) + 1 >= len(self.workers):
-            ev.note = "not injected: it is the last live worker"
-            return
-        actor = self.workers[i] if kind == "worker" else self.sources[i]
-        if self.nodes.get(name) == self.here and ev.pid:
+        if self.processes.on_this_node(name) and ev.pid:
             try:
                 os.kill(ev.pid, signal.SIGKILL)
                 ev.note = "SIGKILL"
             except ProcessLookupError:
                 ev.note = "process already gone"
         else:
+            actor = self.workers[kill.index] if kill.kind == "worker" else self.sources[kill.index]
             ray.kill(actor, no_restart=True)
             ev.note = "ray.kill"
         ev.killed_s = time.time() - self.t0
         self.say(f"[{self.topo.name}] fault: killed {name} (pid {ev.pid}) at "
                  f"{ev.killed_s:.2f} s")
-
-    def _event(self, name: str) -> FaultEvent | None:
-        for ev in self.events:
-            if ev.actor == name and ev.detected_s is None and ev.killed_s is not None:
-                return ev
-        return None
 
     # ------------------------------------------------------------------ detect
     def _ping_workers(self) -> None:
@@ -228,17 +353,26 @@ class FaultManager:
             except ray.exceptions.RayActorError as e:
                 self._worker_died(i, type(e).__name__)
 
+    def _detected(self, name: str, cause: str, now_s: float) -> FaultEvent:
+        """The fault event of ``name``'s death, detected at ``now_s``: the
+        injected kill's, or a new ``crash`` (not injected by us: still a
+        failure to survive and report)."""
+        for ev in self.events:
+            if ev.actor == name and ev.detected_s is None and ev.killed_s is not None:
+                break
+        else:
+            ev = FaultEvent(actor=name, at_s=now_s, kind="crash", killed_s=now_s,
+                            pid=self.processes.pids.get(name), note=cause)
+            self.events.append(ev)
+        ev.detected_s = now_s
+        return ev
+
     def _worker_died(self, i: int, cause: str) -> None:
         if i in self.dead_workers:
             return
         self.dead_workers.add(i)
         now_s = time.time() - self.t0
-        ev = self._event(f"worker-{i}")
-        if ev is None:  # not injected by us: still a failure to survive and report
-            ev = FaultEvent(actor=f"worker-{i}", at_s=now_s, kind="crash", killed_s=now_s,
-                            pid=self.pids.get(f"worker-{i}"), note=cause)
-            self.events.append(ev)
-        ev.detected_s = now_s
+        ev = self._detected(f"worker-{i}", cause, now_s)
         ev.committed_seq = int(ray.get(self.agg.fence_worker.remote(i)))
         for s in self.sources:
             s.worker_failed.remote(i)  # fire and forget: a dead source is restarted anyway
@@ -257,35 +391,22 @@ class FaultManager:
     def _restart_source(self, i: int, cause: str) -> None:
         now_s = time.time() - self.t0
         name = f"source-{i}"
-        ev = self._event(name)
-        if ev is None:
-            ev = FaultEvent(actor=name, at_s=now_s, kind="crash", killed_s=now_s,
-                            pid=self.pids.get(name), note=cause)
-            self.events.append(ev)
-        ev.detected_s = now_s
+        ev = self._detected(name, cause, now_s)
         self.epochs[i] += 1
         dead = sorted(self.dead_workers | self.inactive)
         src = self.make_source(i, self.epochs[i], dead)
         self.sources[i] = src
-        self._register(f"{name}.{self.epochs[i]}", src)
+        self.processes.register(f"{name}.{self.epochs[i]}", src)
         self.runs[i] = src.run.remote(self.t0, self.namespace)
         self.restarts.append((i, self.epochs[i], ev))
         self.say(f"[{self.topo.name}] detected {name} dead at {now_s:.2f} s; restarted as "
                  f"epoch {self.epochs[i]}")
 
-    def _sample_memory(self) -> None:
-        for name, pid in self.pids.items():
-            if self.nodes.get(name) != self.here:
-                continue
-            mb = peak_rss_mb(pid)
-            if mb is not None and mb > self.peak_rss.get(name, 0.0):
-                self.peak_rss[name] = mb
-
     # ------------------------------------------------------------------ finish
     def finish_workers(self) -> list[dict[str, Any]]:
         """Every worker's ``finish`` stats; a dead worker's are rebuilt from the
         aggregator's ledger: processed = the messages of its committed flushes."""
-        self._sample_memory()
+        self.processes.sample()
         refs = {i: w.finish.remote() for i, w in enumerate(self.workers)
                 if i not in self.dead_workers}
         got: dict[int, dict[str, Any]] = {}
@@ -307,25 +428,9 @@ class FaultManager:
                 ev.note = "not injected: the stream ended first"
             kind, _, idx = ev.actor.partition("-")
             if kind == "worker" and ev.detected_s is not None:
-                w = int(idx)
-                done = []
-                for f in records:
-                    if f["worker"] != w:
-                        continue
-                    ev.replayed_batches += int(f["replayed_batches"])
-                    ev.replayed_messages += int(f["replayed_messages"])
-                    if f.get("recovered_ts") is not None:
-                        done.append(float(f["recovered_ts"]) - self.t0)
-                if done:
-                    ev.recovered_s = max(max(done), ev.detected_s)
+                self._settle_worker_fault(ev, [f for f in records if f["worker"] == int(idx)])
         for src, epoch, ev in self.restarts:
-            st = source_stats[src]
-            if st.get("epoch") == epoch:
-                ev.recovered_s = float(st["resumed_ts"]) - self.t0
-                res = st.get("resume") or {}
-                ev.replayed_batches = int(res.get("reread_batches", 0))
-                ev.replayed_messages = int(res.get("resent_messages", 0))
-                ev.skipped_messages = int(res.get("skipped_messages", 0))
+            self._settle_source_restart(ev, source_stats[src], epoch)
         for entry in self.membership_log:
             if entry["op"] == "remove" and "committed_seq" in entry:
                 fs = [f for f in records if f["worker"] == entry["worker"]]
@@ -333,25 +438,48 @@ class FaultManager:
                 done = [float(f["recovered_ts"]) - self.t0 for f in fs
                         if f.get("recovered_ts") is not None]
                 entry["recovered_s"] = max(done) if done else None
-        peak = dict(self.peak_rss)
-        for i, ws in enumerate(worker_stats):  # actors on other nodes report their own
-            if ws.get("peak_rss_mb") is not None:
-                peak[f"worker-{i}"] = max(peak.get(f"worker-{i}", 0.0), float(ws["peak_rss_mb"]))
-        for ss in source_stats:
-            name = f"source-{ss['source']}" + (f".{ss['epoch']}" if ss.get("epoch") else "")
-            if ss.get("peak_rss_mb") is not None:
-                peak[name] = max(peak.get(name, 0.0), float(ss["peak_rss_mb"]))
-        if agg_stats.get("peak_rss_mb") is not None:
-            peak["aggregator"] = max(peak.get("aggregator", 0.0), float(agg_stats["peak_rss_mb"]))
         return {
             "failures": [ev.as_dict() for ev in self.events],
-            "peak_rss_mb": dict(sorted(peak.items())),
+            "peak_rss_mb": self.processes.peaks(source_stats, worker_stats, agg_stats),
             "dead_workers": sorted(self.dead_workers),
             "membership_changes": self.membership_log,
             "source_restarts": [{"source": src, "epoch": epoch}
                                 for src, epoch, _ in self.restarts],
         }
 
+    def _worker_failure_records(self, source_stats: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """Every source incarnation's re-routing records: the final ones from
+        ``source_stats``, a dead incarnation's from its last ``progress``."""
+        final = {(int(s["source"]), int(s.get("epoch", 0))) for s in source_stats}
+        records = [f for s in source_stats for f in s.get("failures", [])]
+        for key, fs in sorted(self._source_failures.items()):
+            if key not in final:
+                records.extend(fs)
+        return records
+
+    def _settle_worker_fault(self, ev: FaultEvent, records: list[dict[str, Any]]) -> None:
+        """What the sources replayed of a dead worker (``records``: theirs
+        about it), and when the last of them finished doing so."""
+        done = []
+        for f in records:
+            ev.replayed_batches += int(f["replayed_batches"])
+            ev.replayed_messages += int(f["replayed_messages"])
+            if f.get("recovered_ts") is not None:
+                done.append(float(f["recovered_ts"]) - self.t0)
+        if done:
+            assert ev.detected_s is not None
+            ev.recovered_s = max(max(done), ev.detected_s)
+
+    def _settle_source_restart(self, ev: FaultEvent, stats: dict[str, Any], epoch: int) -> None:
+        """When a restarted source resumed and what it re-read, if ``stats`` are
+        of that incarnation (``epoch``) - a later restart's settle the later event."""
+        if stats.get("epoch") != epoch:
+            return
+        ev.recovered_s = float(stats["resumed_ts"]) - self.t0
+        res = stats.get("resume") or {}
+        ev.replayed_batches = int(res.get("reread_batches", 0))
+        ev.replayed_messages = int(res.get("resent_messages", 0))
+        ev.skipped_messages = int(res.get("skipped_messages", 0))
 
     def annotate(self, report: dict[str, Any], source_stats: list[dict[str, Any]],
                  worker_stats: list[dict[str, Any]], agg_stats: dict[str, Any]) -> None:

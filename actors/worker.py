@@ -2,26 +2,15 @@
 
 ``WorkerCore`` is the plain class (no Ray; tests drive it with a fake clock):
 
-- ``submit(source, keys, labels, emit_ts)`` enqueues one sub-batch into a
-  bounded FIFO (``workers.queue_batches``; blocks when full: backpressure) and
-  blocks until that batch has been processed, then returns its *ack*:
+- ``submit(source, parts)`` enqueues one call's sub-batches into a bounded
+  FIFO (``workers.queue_batches``; blocks when full: backpressure) and blocks
+  until they have been processed, then returns the call's *ack*:
   ``{"worker", "acked", "signal", "lat_sum_s", "lat_max_s", "done_ts"}``.
   The caller is one of many threads of a threaded actor; a single processing
   thread (``run_forever`` / ``step``) drains the queue in FIFO order.
 - Processing = ``ServiceEmulator.serve(n)`` (per-message finish times, so
   latencies are per message: finish - the source's emit time) + the app's
-  ``process(keys, labels)``.
-- Utilization ``U = queue length / queue capacity``, in batches, where the
-  queue length counts the batch in service and the capacity is
-  ``min(queue_batches, sources * max_inflight)`` (the most batches that can
-  ever be queued; with the default 2 sources x 2 in flight, a worker whose
-  window is full is at U = 1). Same definition as the simulator's
-  (ALGORITHMS.md, "Metrics"). It is sampled on every enqueue/dequeue and
-  integrated over time, per slot.
-- Load signals (CG): one ``LoadSignaler`` per source, all fed the same
-  utilization, so each source gets at most one signal per slot, on its next ack.
-- Per-slot time series (``run.slot_s``): processed, mean queue length (msgs
-  and batches), utilization, busy fraction, latency histogram.
+  ``add(records, key_hashes)``.
 - Every ``app.aggregate_every_s`` the app's partial (a delta) goes to ``sink``
   as a ``runtime.reliability.Flush``: sequence number, the claims
   ``(source, batch, idx)`` it covers and the sources' watermarks. A sub-batch's
@@ -30,6 +19,21 @@
   it is committed and replay it if this worker dies (docs/reliability.md).
   ``fence_source(source, epoch)`` (a source restarted) rejects the dead
   incarnation's queued sub-batches and returns what was processed of it.
+
+It composes one small class per other job:
+
+- ``LoadMeter``: utilization ``U = queue length / queue capacity``, in
+  batches, where the queue length counts the batch in service and the capacity
+  is ``min(queue_batches, sources * max_inflight)`` (the most batches that can
+  ever be queued; with the default 2 sources x 2 in flight, a worker whose
+  window is full is at U = 1). Same definition as the simulator's
+  (ALGORITHMS.md, "Metrics"). It is sampled on every enqueue/dequeue and
+  integrated over time, per slot (``run.slot_s``): processed, mean queue length
+  (msgs and batches), busy fraction, latency histogram.
+- ``SourceSignals`` (CG): one ``LoadSignaler`` per source, all fed the same
+  utilization, so each source gets at most one signal per slot, on its next ack.
+- ``FlushCadence``: when the next flush is due.
+- ``TableRelay`` (ACG): the controller's newest table, to each source once.
 
 ``WorkerActor`` at the bottom is the Ray edge (``ray.remote`` applied by
 ``actor_class()``), named ``worker-<i>``.
@@ -105,6 +109,193 @@ class _Slots:
         return math.floor(t / self.slot_s)
 
 
+class LoadMeter:
+    """A worker's own load, on the run's timeline (seconds since ``t0`` on ``clock``).
+
+    The queue length (batches and messages, counting the batch in service)
+    changes on every enqueue and dequeue (``change``); between changes it is
+    integrated per slot, and so is the time a batch was in service
+    (``served``). ``rate`` is what a coordinated scheme's controller gets:
+    messages served and seconds with work, since its last ``take_report``.
+
+    Not thread-safe: the worker calls it under one lock, reading the clock
+    under that lock, so that observations stay in time order.
+    """
+
+    def __init__(self, queue_capacity: int, slot_s: float, t0: float, clock: Clock) -> None:
+        self.queue_capacity = int(queue_capacity)
+        self.clock = clock
+        self.q_batches = 0  # in the system: queued + in service
+        self.q_msgs = 0
+        self.slots = _Slots(slot_s)
+        self.restart(t0)
+
+    def restart(self, t0: float) -> None:
+        """Start the timeline at ``t0``: empty slots and rate; the queue stays."""
+        self.t0 = float(t0)
+        self.last_t = self.rel(self.clock())
+        self.rate = RateMeter()
+        self.slots = _Slots(self.slots.slot_s)
+
+    def rel(self, t: float) -> float:
+        """Clock time ``t`` on the run's timeline."""
+        return t - self.t0
+
+    def now(self) -> float:
+        """The clock on the timeline, never before the last observation."""
+        return max(self.rel(self.clock()), self.last_t)
+
+    def utilization(self) -> float:
+        return self.q_batches / self.queue_capacity
+
+    def account(self, now_rel: float) -> None:
+        """Integrate the queue length up to ``now_rel``."""
+        s = self.slots
+        s.add_interval(s.queue_msgs_area, self.last_t, now_rel, self.q_msgs)
+        s.add_interval(s.queue_batches_area, self.last_t, now_rel, self.q_batches)
+        if self.q_batches > 0:  # the rate meter's busy time: time with work
+            self.rate.working(now_rel - self.last_t)
+        self.last_t = max(self.last_t, now_rel)
+
+    def change(self, d_batches: int, d_msgs: int) -> float:
+        """The queue grew (or shrank) now; returns now on the timeline."""
+        now_rel = self.now()
+        self.account(now_rel)
+        self.q_batches += d_batches
+        self.q_msgs += d_msgs
+        return now_rel
+
+    def served(self, n: int, t_start: float, t_end: float, latency_s: np.ndarray) -> None:
+        """A batch of ``n`` messages was in service from ``t_start`` to
+        ``t_end`` (clock times); ``latency_s`` per message."""
+        s = self.slots
+        rel_end = self.rel(t_end)
+        k = s.slot_of(rel_end)
+        s.processed[k] = s.processed.get(k, 0) + n
+        s.add_interval(s.busy_s, self.rel(t_start), rel_end, 1.0)
+        h = s.latency.get(k)
+        if h is None:
+            h = s.latency[k] = LatencyHistogram()
+        h.add(latency_s)
+        self.rate.served(n)
+
+    def take_report(self) -> dict[str, Any]:
+        """The rate meter's report up to now (then it starts afresh)."""
+        self.account(self.now())
+        return self.rate.take()
+
+    def integrals(self, t: float) -> tuple[float, float]:
+        """Since the start, up to clock time ``t``: queue length (batches) x
+        seconds, and seconds in service."""
+        self.account(max(self.rel(t), self.last_t))
+        s = self.slots
+        return float(sum(s.queue_batches_area.values())), float(sum(s.busy_s.values()))
+
+    def series(self, now_rel: float) -> dict[str, Any]:
+        """Per-slot time series from slot 0 to the one holding ``now_rel``:
+        processed, mean queue length (msgs, batches), busy fraction and a
+        sparse latency histogram per slot that has one."""
+        self.account(now_rel)
+        s = self.slots
+        slots = range(0, max(s.slot_of(now_rel), 0) + 1)
+        slot_s = s.slot_s
+        return {
+            "slot": list(slots),
+            "processed": [s.processed.get(k, 0) for k in slots],
+            "queue_msgs": [s.queue_msgs_area.get(k, 0.0) / slot_s for k in slots],
+            "queue_batches": [s.queue_batches_area.get(k, 0.0) / slot_s for k in slots],
+            "busy": [s.busy_s.get(k, 0.0) / slot_s for k in slots],
+            "latency": {k: h.to_sparse() for k, h in s.latency.items()},
+        }
+
+
+class SourceSignals:
+    """One ``LoadSignaler`` per source (none without ``settings``), all fed
+    the same utilization samples. Not thread-safe (the worker's lock)."""
+
+    def __init__(self, settings: WorkerSignals | None) -> None:
+        self.settings = settings
+        self._by_source: dict[int, LoadSignaler] = {}
+
+    def wants(self, source: int) -> bool:
+        """Whether ``source`` needs a signaler (signals are on, it has none yet)."""
+        return self.settings is not None and source not in self._by_source
+
+    def add(self, source: int, now_rel: float, utilization: float) -> None:
+        """Give ``source`` a signaler that starts from the current sample."""
+        if self.settings is not None and source not in self._by_source:
+            sig = LoadSignaler.of(self.settings)
+            sig.observe(now_rel, utilization)
+            self._by_source[source] = sig
+
+    def observe(self, now_rel: float, utilization: float) -> None:
+        for sig in self._by_source.values():
+            sig.observe(now_rel, utilization)
+
+    def get(self, source: int) -> LoadSignaler | None:
+        return self._by_source.get(source)
+
+    def emitted(self) -> dict[str, int]:
+        """Signals emitted to all sources together."""
+        total = {"increase": 0, "decrease": 0}
+        for sig in self._by_source.values():
+            for key in total:
+                total[key] += sig.emitted[key]
+        return total
+
+
+class FlushCadence:
+    """When a worker flushes: every ``aggregate_every_s``. A coordinated
+    scheme's worker (``report_every_s`` set) also reports its rate in every
+    flush, so it flushes at least every ``report_every_s``, the first time
+    early (``FIRST_PLAN_S``): the controller's first plan should not wait."""
+
+    def __init__(self, aggregate_every_s: float, report_every_s: float | None,
+                 now: float) -> None:
+        self.aggregate_every_s = float(aggregate_every_s)
+        self.report_every_s = report_every_s
+        self.restart(now)
+
+    @property
+    def reports(self) -> bool:
+        """Whether flushes carry a rate report."""
+        return self.report_every_s is not None
+
+    def restart(self, now: float) -> None:
+        self.last = now
+        self.every_s = (self.aggregate_every_s if self.report_every_s is None
+                        else min(self.aggregate_every_s, self.report_every_s, FIRST_PLAN_S))
+
+    def due(self, now: float) -> bool:
+        return now - self.last >= self.every_s
+
+    def flushed(self, now: float) -> None:
+        self.last = now
+        if self.report_every_s is not None:
+            self.every_s = min(self.aggregate_every_s, self.report_every_s)
+
+
+class TableRelay:
+    """The controller's newest VW table (ACG, from the commit answers), handed
+    to each source once, on its next ack."""
+
+    def __init__(self) -> None:
+        self.table: Any = None
+        self._sent: dict[int, int] = {}  # source -> version it got
+
+    def offer(self, table: Any) -> None:
+        if table is not None and (self.table is None or table.version > self.table.version):
+            self.table = table
+
+    def take_new(self, source: int) -> Any:
+        """The newest table if ``source`` has not had it yet, else None."""
+        table = self.table
+        if table is None or self._sent.get(source, 0) >= table.version:
+            return None
+        self._sent[source] = table.version
+        return table
+
+
 class WorkerCore:
     """One worker's logic; see the module docstring. Thread-safe ``submit``."""
 
@@ -128,6 +319,9 @@ class WorkerCore:
         report_every_s: float | None = None,
         stopped_clock: Clock | None = None,
     ) -> None:
+        """``report_every_s``: coordinated schemes (ACG) - flushes also carry a
+        rate report (``FlushCadence``) and the controller's tables come back
+        (``on_table``)."""
         self.worker_id = int(worker_id)
         #: the app's worker side: ``add(records, key_hashes)`` per sub-batch,
         #: ``flush()`` -> the partial sent to the aggregator
@@ -135,39 +329,26 @@ class WorkerCore:
         self._keys = DistinctKeys()
         self.throttle = throttle
         self.clock = clock
-        self.t0 = clock() if t0 is None else float(t0)
         self.capacity = float(capacity)
         scale = self.capacity if throttle == "service" else 1.0
         self.service = ServiceEmulator(service_us, scale, clock=clock, sleep=sleep,
                                        stopped_clock=stopped_clock)
         self.queue_batches = int(queue_batches)
-        self.queue_capacity = int(queue_capacity_batches or queue_batches)
         self._queue: queue.Queue[_Item | None] = queue.Queue(maxsize=self.queue_batches)
         #: why the processing thread died, if it did (then every batch fails fast)
         self._dead: BaseException | None = None
-        self.signal_settings = signals
-        self._signalers: dict[int, LoadSignaler] = {}
-        self.aggregate_every_s = float(aggregate_every_s)
-        #: coordinated schemes (ACG): flushes also carry a ``report`` (messages
-        #: served, seconds serving them) at least every ``report_every_s``, the first
-        #: one early; the controller's tables come back (``on_table``) and go
-        #: to each source on its next ack
-        self.report_every_s = report_every_s
-        self._flush_every = self._first_flush_s()
-        self._meter = RateMeter()
-        self.table: Any = None
-        self._table_sent: dict[int, int] = {}
+        #: guards ``load``, ``_signals`` and the totals (latency, processed, batches)
+        self._lock = threading.Lock()
+        self.load = LoadMeter(queue_capacity_batches or queue_batches, slot_s,
+                              clock() if t0 is None else float(t0), clock)
+        self._signals = SourceSignals(signals)
+        self._cadence = FlushCadence(aggregate_every_s, report_every_s, clock())
+        self._tables = TableRelay()
         self.sink = sink
-        self.slots = _Slots(slot_s)
         self.latency = LatencyHistogram()
         self.processed = 0
         self.batches = 0
         self.flushes = 0
-        self._lock = threading.Lock()
-        self._q_batches = 0  # in the system: queued + in service
-        self._q_msgs = 0
-        self._last_t = self._rel(clock())
-        self._last_flush = clock()
         self._stop = threading.Event()
         #: held while a batch is applied to the app state and while flushing, so
         #: claims, state and flushes stay consistent for ``fence_source``
@@ -175,51 +356,24 @@ class WorkerCore:
         self.claims = ClaimLog()
         self._committed = threading.Condition()
 
-    def _first_flush_s(self) -> float:
-        if self.report_every_s is None:
-            return self.aggregate_every_s
-        return min(self.aggregate_every_s, self.report_every_s, FIRST_PLAN_S)
-
-    # ------------------------------------------------------------------ time base
-    def _rel(self, t: float) -> float:
-        return t - self.t0
-
     @property
     def distinct_keys(self) -> int:
         """Distinct keys this worker has processed (replication's numerator)."""
         return len(self._keys)
 
     def utilization_now(self) -> float:
-        return self._q_batches / self.queue_capacity
-
-    def _account(self, now_rel: float) -> None:
-        """Integrate queue length up to ``now_rel`` (lock held)."""
-        s = self.slots
-        s.add_interval(s.queue_msgs_area, self._last_t, now_rel, self._q_msgs)
-        s.add_interval(s.queue_batches_area, self._last_t, now_rel, self._q_batches)
-        if self._q_batches > 0:  # the rate meter's busy time: time with work
-            self._meter.working(now_rel - self._last_t)
-        self._last_t = max(self._last_t, now_rel)
+        return self.load.utilization()
 
     def _changed(self, d_batches: int, d_msgs: int) -> None:
         with self._lock:  # the clock is read under the lock: observations stay ordered
-            now_rel = max(self._rel(self.clock()), self._last_t)
-            self._account(now_rel)
-            self._q_batches += d_batches
-            self._q_msgs += d_msgs
-            u = max(0.0, self.utilization_now())
-            for sig in self._signalers.values():
-                sig.observe(now_rel, u)
+            now_rel = self.load.change(d_batches, d_msgs)
+            self._signals.observe(now_rel, max(0.0, self.load.utilization()))
 
     def start_run(self, t0: float) -> None:
         """Align the slots with the run's start (``t0`` on ``clock``); before any batch."""
         with self._lock:
-            self.t0 = float(t0)
-            self._last_t = self._rel(self.clock())
-            self._last_flush = self.clock()
-            self._flush_every = self._first_flush_s()
-            self._meter = RateMeter()
-            self.slots = _Slots(self.slots.slot_s)
+            self.load.restart(t0)
+            self._cadence.restart(self.clock())
 
     # ------------------------------------------------------------------ input side
     def submit(self, source: int, parts: list[Part]) -> dict[str, Any]:
@@ -234,16 +388,12 @@ class WorkerCore:
 
     def enqueue(self, source: int, parts: list[Part]) -> _Item:
         item = _Item(int(source), list(parts), sum(len(p) for p in parts))
-        n = item.n
-        if self.signal_settings is not None and item.source not in self._signalers:
+        if self._signals.wants(item.source):
             with self._lock:
-                if item.source not in self._signalers:
-                    sig = LoadSignaler.of(self.signal_settings)
-                    sig.observe(max(self._rel(self.clock()), self._last_t),
-                                max(0.0, self.utilization_now()))
-                    self._signalers[item.source] = sig
+                self._signals.add(item.source, self.load.now(),
+                                  max(0.0, self.load.utilization()))
         # counted before the put: a caller blocked on a full queue is waiting in it too
-        self._changed(+1, n)
+        self._changed(+1, item.n)
         self._queue.put(item)  # blocks while the queue is full
         if self._dead is not None:  # the processing thread is gone: nobody will take it
             self._fail_queued()
@@ -268,73 +418,69 @@ class WorkerCore:
         self.maybe_flush()
         return True
 
-    def _reject(self, item: _Item) -> None:
-        """A fenced-off (dead) source incarnation's sub-batch: not processed."""
+    def _process(self, item: _Item) -> None:
+        flush_seq = self.claims.open_seq
+        if self._fenced(item):
+            return
+        t_start = self.clock()
+        finish = self.service.serve(item.n)
+        applied_seq = self._apply(item, flush_seq)
+        if applied_seq is None:
+            return
+        t_end = self.clock()
+        lat = _latencies(item, finish, t_end)
+        with self._lock:
+            self.load.served(item.n, t_start, t_end, lat)
+            self.latency.add(lat)
+            self.processed += item.n
+            self.batches += 1
         self._changed(-1, -item.n)
-        item.ack = {"worker": self.worker_id, "acked": 0, "signal": 0, "lat_sum_s": 0.0,
-                    "lat_max_s": 0.0, "done_ts": self.clock(), "rejected": True,
-                    "flush_seq": self.claims.open_seq, "committed_seq": self.claims.committed_seq}
+        item.ack = self._ack(item, lat, t_end, applied_seq)
         item.parts = []
         item.done.set()
 
-    def _dedup(self, part: Part) -> Part:
-        """``part`` without the messages this worker already processed (same
-        source, batch and index): a replay can never count them twice here."""
-        assert part.tag is not None
-        keep = self.claims.filter_new(part.tag)
-        return part if keep is None else part.select(keep)
-
-    def _process(self, item: _Item) -> None:
-        flush_seq = self.claims.open_seq
-        if item.tag is not None:
-            with self._proc_lock:
-                if not self.claims.admits(item.tag):
-                    self.claims.rejected += 1
-                    self._reject(item)
-                    return
-        t_start = self.clock()
-        finish = self.service.serve(item.n)
+    def _fenced(self, item: _Item) -> bool:
+        """Whether ``item`` comes from a fenced-off (dead) source incarnation;
+        if so it is answered as rejected, not processed."""
+        if item.tag is None:
+            return False
         with self._proc_lock:
-            if item.tag is not None:
-                if not self.claims.admits(item.tag):  # fenced while in service
-                    self.claims.rejected += 1
-                    self._reject(item)
-                    return
-            parts = [self._dedup(p) if p.tag is not None else p for p in item.parts]
+            if self.claims.admits(item.tag):
+                return False
+            self.claims.rejected += 1
+            self._changed(-1, -item.n)
+            item.ack = {"worker": self.worker_id, "acked": 0, "signal": 0, "lat_sum_s": 0.0,
+                        "lat_max_s": 0.0, "done_ts": self.clock(), "rejected": True,
+                        "flush_seq": self.claims.open_seq,
+                        "committed_seq": self.claims.committed_seq}
+            item.parts = []
+            item.done.set()
+            return True
+
+    def _apply(self, item: _Item, flush_seq: int) -> int | None:
+        """Add ``item`` to the app's state, except messages this worker already
+        processed (same source, batch and index: a replay never counts twice
+        here); the flush that holds it, or None if its source was fenced while
+        it was in service."""
+        with self._proc_lock:
+            if self._fenced(item):
+                return None
+            parts = [p if p.tag is None else _new_only(p, self.claims) for p in item.parts]
             for p in parts:
                 if len(p):
                     self.app.add(p.records, p.hashes)
                     self._keys.add(p.hashes)
                 if p.tag is not None:
                     flush_seq = self.claims.processed(p.tag)
-        t_end = self.clock()
-        if item.n:
-            # app compute after the emulated service delays the whole batch
-            finish = finish + max(0.0, t_end - float(finish[-1]))
-        emit = (item.parts[0].emit_per_message() if len(item.parts) == 1
-                else np.concatenate([p.emit_per_message() for p in item.parts]))
-        lat = np.maximum(finish - emit, 0.0)
-        rel_end = self._rel(t_end)
-        s = self.slots
-        k = s.slot_of(rel_end)
-        with self._lock:
-            s.processed[k] = s.processed.get(k, 0) + item.n
-            s.add_interval(s.busy_s, self._rel(t_start), rel_end, 1.0)
-            h = s.latency.get(k)
-            if h is None:
-                h = s.latency[k] = LatencyHistogram()
-            h.add(lat)
-            self.latency.add(lat)
-            self.processed += item.n
-            self.batches += 1
-            self._meter.served(item.n)
-        self._changed(-1, -item.n)
+        return flush_seq
+
+    def _ack(self, item: _Item, lat: np.ndarray, t_end: float, flush_seq: int) -> dict[str, Any]:
         signal = 0
-        sig = self._signalers.get(item.source)
+        sig = self._signals.get(item.source)
         if sig is not None:
             with self._lock:
-                signal = sig.take_signal(self._last_t)
-        item.ack = {
+                signal = sig.take_signal(self.load.last_t)
+        ack = {
             "worker": self.worker_id,
             "acked": item.n,
             "signal": signal,
@@ -344,25 +490,21 @@ class WorkerCore:
             "flush_seq": flush_seq,
             "committed_seq": self.claims.committed_seq,
         }
-        table = self.table
-        if table is not None and self._table_sent.get(item.source, 0) < table.version:
-            item.ack["table"] = table  # each source gets each new table once
-            self._table_sent[item.source] = table.version
-        item.parts = []
-        item.done.set()
+        table = self._tables.take_new(item.source)
+        if table is not None:
+            ack["table"] = table
+        return ack
 
     def maybe_flush(self, force: bool = False) -> bool:
         now = self.clock()
-        if not force and now - self._last_flush < self._flush_every:
+        if not force and not self._cadence.due(now):
             return False
         with self._proc_lock:  # the sink is called in sequence order
-            self._last_flush = now
+            self._cadence.flushed(now)
             flush = self.claims.close(self.worker_id, self.app.flush())
-            if self.report_every_s is not None:
+            if self._cadence.reports:
                 with self._lock:
-                    self._account(max(self._rel(self.clock()), self._last_t))
-                    flush.report = self._meter.take()
-                self._flush_every = min(self.aggregate_every_s, self.report_every_s)
+                    flush.report = self.load.take_report()
             self.flushes += 1
             if self.sink is not None:
                 self.sink(flush)
@@ -377,8 +519,7 @@ class WorkerCore:
 
     def on_table(self, table: Any) -> None:
         """The controller's latest VW table (from the commit answers)."""
-        if table is not None and (self.table is None or table.version > self.table.version):
-            self.table = table
+        self._tables.offer(table)
 
     def on_committed(self, seq: int) -> None:
         """The aggregator committed flush ``seq`` (and every earlier one)."""
@@ -408,7 +549,7 @@ class WorkerCore:
         queued (and later) batch fails with the error instead of waiting forever."""
         try:
             while not self._stop.is_set():
-                self.step(timeout=min(0.1, self.aggregate_every_s))
+                self.step(timeout=min(0.1, self._cadence.aggregate_every_s))
         except BaseException as e:
             self._dead = e
             self._fail_queued()
@@ -455,7 +596,7 @@ class WorkerCore:
 
     def progress(self) -> dict[str, Any]:
         return {"worker": self.worker_id, "processed": self.processed,
-                "utilization": self.utilization_now(), "queue_msgs": self._q_msgs}
+                "utilization": self.utilization_now(), "queue_msgs": self.load.q_msgs}
 
     def telemetry_snapshot(self) -> dict[str, Any]:
         """Cumulative counters since ``start_run`` for live metrics (read ~1/s by
@@ -463,18 +604,17 @@ class WorkerCore:
         utilization and busy fraction, and the latency histogram of the interval."""
         now = self.clock()
         with self._lock:
-            self._account(max(self._rel(now), self._last_t))
-            s = self.slots
+            queue_batches_s, busy_s = self.load.integrals(now)
             return {
                 "t": now,
                 "processed": self.processed,
                 "batches": self.batches,
-                "queue_msgs": self._q_msgs,
-                "queue_batches": self._q_batches,
-                "queue_capacity": self.queue_capacity,
+                "queue_msgs": self.load.q_msgs,
+                "queue_batches": self.load.q_batches,
+                "queue_capacity": self.load.queue_capacity,
                 "capacity": self.capacity,
-                "queue_batches_s": float(sum(s.queue_batches_area.values())),
-                "busy_s": float(sum(s.busy_s.values())),
+                "queue_batches_s": queue_batches_s,
+                "busy_s": busy_s,
                 "stopped_s": float(self.service.stopped_s),
                 "latency_counts": self.latency.counts.copy(),
                 "latency_max_s": self.latency.max_s,
@@ -483,25 +623,10 @@ class WorkerCore:
     def finish(self) -> dict[str, Any]:
         """Final flush and the worker's statistics and per-slot time series."""
         self.maybe_flush(force=True)
-        now_rel = self._rel(self.clock())
+        now_rel = self.load.rel(self.clock())
         with self._lock:
-            self._account(now_rel)
-            s = self.slots
-            last = s.slot_of(now_rel)
-            slots = range(0, max(last, 0) + 1)
-            slot_s = s.slot_s
-            series = {
-                "slot": list(slots),
-                "processed": [s.processed.get(k, 0) for k in slots],
-                "queue_msgs": [s.queue_msgs_area.get(k, 0.0) / slot_s for k in slots],
-                "queue_batches": [s.queue_batches_area.get(k, 0.0) / slot_s for k in slots],
-                "busy": [s.busy_s.get(k, 0.0) / slot_s for k in slots],
-                "latency": {k: h.to_sparse() for k, h in s.latency.items()},
-            }
-            signals = {"increase": 0, "decrease": 0}
-            for sig in self._signalers.values():
-                for key in signals:
-                    signals[key] += sig.emitted[key]
+            series = self.load.series(now_rel)
+            signals = self._signals.emitted()
         return {
             "id": self.worker_id,
             "processed": self.processed,
@@ -514,9 +639,27 @@ class WorkerCore:
             "stopped_s": self.service.stopped_s,
             "latency": self.latency.to_sparse(),
             "signals_emitted": signals,
-            "queue_capacity_batches": self.queue_capacity,
+            "queue_capacity_batches": self.load.queue_capacity,
             "series": series,
         }
+
+
+def _new_only(part: Part, claims: ClaimLog) -> Part:
+    """``part`` without the messages ``claims`` says were processed already."""
+    assert part.tag is not None
+    keep = claims.filter_new(part.tag)
+    return part if keep is None else part.select(keep)
+
+
+def _latencies(item: _Item, finish: np.ndarray, t_end: float) -> np.ndarray:
+    """Per message of ``item``: its finish time (``finish`` from the service
+    emulator) - its emit time; app compute after the emulated service delays
+    the whole batch, which ended at ``t_end``."""
+    if item.n:
+        finish = finish + max(0.0, t_end - float(finish[-1]))
+    emit = (item.parts[0].emit_per_message() if len(item.parts) == 1
+            else np.concatenate([p.emit_per_message() for p in item.parts]))
+    return np.maximum(finish - emit, 0.0)
 
 
 # ============================================================================ Ray edge

@@ -1,0 +1,81 @@
+"""The fault injector (actors.faults.FaultInjector) without Ray: what the
+topology's ``faults`` and ``workers.changes`` say to do, when, and only once."""
+
+from __future__ import annotations
+
+from actors.faults import FaultInjector, Join, Kill, Leave, not_yet_added
+from runtime.topology import Topology
+
+
+def topology(**fields) -> Topology:
+    data = {"name": "t", "input": {"format": "zipf", "messages": 1000, "keys": 10},
+            "sources": 2, "workers": {"count": 3}}
+    data.update(fields)
+    return Topology.model_validate(data)
+
+
+def test_kills_come_in_time_order_each_once() -> None:
+    inj = FaultInjector([(15.0, "source-1"), (10.0, "worker-2"), (10.0, "worker-0")])
+    assert len(inj) == 3
+    assert inj.due(9.99) == []
+    assert inj.due(10.0) == [Kill(10.0, "worker-0"), Kill(10.0, "worker-2")]  # ties: by name
+    assert inj.due(12.0) == [] and len(inj) == 1
+    assert inj.due(99.0) == [Kill(15.0, "source-1")]
+    assert inj.due(100.0) == [] and len(inj) == 0  # injected once
+
+
+def test_a_late_poll_gets_every_overdue_action_with_its_own_at_s() -> None:
+    inj = FaultInjector([(1.0, "worker-1"), (2.0, "source-0")], joins=[(1.5, 3)],
+                        leaves=[(0.5, 2)])
+    got = inj.due(60.0)
+    assert [a.at_s for a in got] == [1.0, 2.0, 0.5, 1.5]  # the kills, then membership
+    assert got == [Kill(1.0, "worker-1"), Kill(2.0, "source-0"), Leave(0.5, 2), Join(1.5, 3)]
+    assert inj.due(61.0) == []
+
+
+def test_kill_names_its_actor() -> None:
+    k = Kill(3.0, "worker-12")
+    assert (k.kind, k.index) == ("worker", 12)
+    assert (Kill(0.0, "source-0").kind, Kill(0.0, "source-0").index) == ("source", 0)
+
+
+def test_membership_changes_from_the_topology() -> None:
+    topo = topology(workers={"count": 3, "changes": [
+        {"at_s": 5, "add": 2}, {"at_s": 2, "remove": 1},
+        {"at_s": 1, "worker": 0, "capacity": 0.5}]})  # a capacity change is not membership
+    inj = FaultInjector.of(topo)
+    assert not_yet_added(topo) == [3, 4]
+    assert len(inj) == 3
+    assert inj.due(1.0) == []
+    assert inj.due(2.0) == [Leave(2.0, 1)]
+    assert inj.due(5.0) == [Join(5.0, 3), Join(5.0, 4)]
+    assert (Join.op, Leave.op) == ("add", "remove")  # report.json's membership_changes op
+    assert len(inj) == 0
+
+
+def test_faults_from_the_topology() -> None:
+    topo = topology(faults=[{"at_s": 3, "kill": "worker-2"}, {"at_s": 1, "kill": "source-1"}])
+    inj = FaultInjector.of(topo)
+    assert inj.due(3.0) == [Kill(1.0, "source-1"), Kill(3.0, "worker-2")]
+    assert FaultInjector.of(topology()).due(1e9) == []
+
+
+def test_a_kill_never_takes_the_last_live_worker() -> None:
+    refused = FaultInjector.kill_refused
+    assert refused(Kill(1.0, "worker-1"), dead=set(), n_workers=3) == ""
+    assert refused(Kill(1.0, "worker-1"), dead={1}, n_workers=3) == "already dead"
+    assert refused(Kill(1.0, "worker-2"), dead={0, 1}, n_workers=3) == (
+        "not injected: it is the last live worker")
+    assert refused(Kill(1.0, "source-0"), dead={0, 1}, n_workers=3) == ""  # sources restart
+
+
+def test_a_leave_needs_a_live_worker_and_another_one() -> None:
+    refused = FaultInjector.leave_refused
+    assert refused(Leave(1.0, 0), dead=set(), inactive={3}, n_workers=4) == ""
+    assert refused(Leave(1.0, 0), dead={0}, inactive=set(), n_workers=4) == (
+        "not live: nothing to remove")
+    assert refused(Leave(1.0, 3), dead=set(), inactive={3}, n_workers=4) == (
+        "not live: nothing to remove")
+    assert refused(Leave(1.0, 2), dead={0}, inactive={3}, n_workers=4) == ""  # 1 stays
+    assert refused(Leave(1.0, 2), dead={0, 1}, inactive={3}, n_workers=4) == (
+        "not removed: it is the last live worker")

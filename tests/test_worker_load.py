@@ -1,0 +1,137 @@
+"""The worker's own load measurement and its small helpers (actors.worker),
+driven directly with a fake clock."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+from conftest import FakeTime
+
+from actors.worker import FlushCadence, LoadMeter, SourceSignals, TableRelay
+from runtime.grouping.acg import FIRST_PLAN_S
+from runtime.signals import WorkerSignals
+
+
+def meter(ft: FakeTime, queue_capacity: int = 4, slot_s: float = 1.0) -> LoadMeter:
+    return LoadMeter(queue_capacity, slot_s, ft.t, ft.clock)
+
+
+def test_utilization_counts_batches_over_capacity(fake_time) -> None:
+    m = meter(fake_time)
+    assert m.utilization() == 0.0
+    assert m.change(+1, 100) == 0.0
+    m.change(+1, 50)
+    assert (m.q_batches, m.q_msgs, m.utilization()) == (2, 150, 0.5)
+    fake_time.sleep(0.25)
+    assert m.change(-1, -100) == 0.25
+    assert m.utilization() == 0.25
+
+
+def test_queue_length_is_integrated_per_slot(fake_time) -> None:
+    ft = fake_time
+    m = meter(ft, slot_s=1.0)
+    ft.sleep(0.5)
+    m.change(+2, 200)  # 2 batches from 0.5 s to 1.5 s, then 1 until 2.5 s
+    ft.sleep(1.0)
+    m.change(-1, -100)
+    ft.sleep(1.0)
+    m.change(-1, -100)
+    s = m.series(3.0)
+    assert s["slot"] == [0, 1, 2, 3]
+    assert s["queue_batches"] == pytest.approx([1.0, 1.5, 0.5, 0.0])
+    assert s["queue_msgs"] == pytest.approx([100.0, 150.0, 50.0, 0.0])
+    assert m.integrals(ft.t) == pytest.approx((3.0, 0.0))
+
+
+def test_served_batches_count_in_the_slot_they_end_in(fake_time) -> None:
+    ft = fake_time
+    m = meter(ft, slot_s=1.0)
+    t = ft.t
+    m.served(10, t + 0.5, t + 1.25, np.full(10, 0.01))  # busy across a slot boundary
+    m.served(5, t + 1.5, t + 1.75, np.full(5, 0.02))
+    s = m.series(1.9)
+    assert s["processed"] == [0, 15]
+    assert s["busy"] == pytest.approx([0.5, 0.5])
+    assert list(s["latency"]) == [1]
+    assert m.integrals(t)[1] == pytest.approx(1.0)
+
+
+def test_the_timeline_never_goes_back(fake_time) -> None:
+    ft = fake_time
+    m = meter(ft)
+    ft.sleep(2.0)
+    m.change(+1, 10)
+    ft.t -= 1.0  # another thread's older clock reading
+    assert m.now() == 2.0 and m.change(+1, 10) == 2.0
+
+
+def test_restart_keeps_the_queue_and_starts_a_new_timeline(fake_time) -> None:
+    ft = fake_time
+    m = meter(ft)
+    m.change(+1, 10)
+    ft.sleep(3.0)
+    m.restart(ft.t)
+    assert (m.q_batches, m.q_msgs, m.last_t) == (1, 10, 0.0)
+    ft.sleep(1.0)
+    assert m.integrals(ft.t) == pytest.approx((1.0, 0.0))  # only since the restart
+
+
+def test_rate_report_counts_time_with_work_only(fake_time) -> None:
+    ft = fake_time
+    m = meter(ft)
+    ft.sleep(1.0)  # idle
+    m.change(+1, 10)
+    ft.sleep(0.5)
+    m.served(10, ft.t - 0.5, ft.t, np.zeros(10))
+    m.change(-1, -10)
+    ft.sleep(1.0)  # idle again
+    assert m.take_report() == {"processed": 10, "busy_s": pytest.approx(0.5)}
+    assert m.take_report() == {"processed": 0, "busy_s": 0.0}
+
+
+def test_each_source_gets_its_own_signaler_fed_the_same_samples() -> None:
+    off = SourceSignals(None)
+    assert not off.wants(0)
+    off.add(0, 0.0, 1.0)
+    assert off.get(0) is None
+    sig = SourceSignals(WorkerSignals(1.0, 0.8, 0.2))
+    assert sig.wants(0)
+    sig.add(0, 0.0, 1.0)
+    sig.add(1, 0.0, 1.0)
+    assert not sig.wants(0)
+    sig.observe(1.0, 0.0)  # slot 0 was busy throughout: send less
+    a, b = sig.get(0), sig.get(1)
+    assert a is not None and b is not None
+    assert a.take_signal(1.5) == -1 and b.take_signal(1.5) == -1
+    assert a.take_signal(1.6) == 0  # one signal per slot
+    assert b.take_signal(2.5) == 1  # slot 1 was idle: send more
+    assert sig.emitted() == {"increase": 1, "decrease": 2}
+
+
+def test_flush_cadence() -> None:
+    c = FlushCadence(1.0, None, now=10.0)
+    assert not c.reports and not c.due(10.99) and c.due(11.0)
+    c.flushed(11.0)
+    assert not c.due(11.5) and c.due(12.0)
+    coordinated = FlushCadence(5.0, 2.0, now=0.0)
+    assert coordinated.reports
+    assert coordinated.every_s == min(2.0, FIRST_PLAN_S)  # the first report comes early
+    coordinated.flushed(1.0)
+    assert coordinated.every_s == 2.0
+    coordinated.restart(3.0)
+    assert coordinated.every_s == min(2.0, FIRST_PLAN_S) and coordinated.last == 3.0
+
+
+def test_each_source_gets_each_newer_table_once() -> None:
+    relay = TableRelay()
+    assert relay.take_new(0) is None
+    t1, t2 = SimpleNamespace(version=1), SimpleNamespace(version=2)
+    relay.offer(t1)
+    assert relay.take_new(0) is t1 and relay.take_new(0) is None
+    relay.offer(t2)
+    relay.offer(t1)  # an older answer arriving late changes nothing
+    relay.offer(None)
+    assert relay.take_new(0) is t2 and relay.take_new(1) is t2
+    assert relay.take_new(1) is None
