@@ -3,7 +3,7 @@
 ``AggregatorCore`` drives the app's operator on the aggregator's side
 (``runtime.operators.AggregatorApp``: merge every committed partial, ``finish``
 at the end). Workers' flushes arrive through ``commit(flush)``: each is merged *and* recorded in the
-``runtime.reliability.CommitLedger`` in the same call - a flush is committed
+``runtime.dataflow.reliability.CommitLedger`` in the same call - a flush is committed
 atomically or not at all - in sequence order per worker (an early one waits
 for the gap to fill), duplicates ignored, and nothing more from a worker once
 ``fence_worker`` declared it dead. ``merge(partial)`` (no bookkeeping) stays
@@ -27,7 +27,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from runtime.reliability import CommitLedger, Flush, peak_rss_mb
+from runtime.dataflow.reliability import CommitLedger, Flush, peak_rss_mb
 
 
 class AggregatorCore:

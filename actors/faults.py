@@ -42,8 +42,8 @@ from typing import Any, ClassVar
 
 import ray
 
-from runtime.latency import LatencyHistogram
-from runtime.reliability import FaultEvent, FaultSchedule, peak_rss_mb
+from runtime.dataflow.latency import LatencyHistogram
+from runtime.dataflow.reliability import FaultEvent, FaultSchedule, peak_rss_mb
 from runtime.topology import Topology
 
 

@@ -4,7 +4,7 @@ Plain class, no Ray (``actors.source.SourceCore`` composes it). Per worker, a
 FIFO of routed sub-batches (``Entry``) and the calls sent but not yet
 acknowledged. A worker gets at most ``max_inflight`` calls in flight; one call
 takes every sub-batch its outbox holds, up to ``call_messages`` messages and
-``CALL_S`` of the worker's measured work (``runtime.backpressure``), always at
+``CALL_S`` of the worker's measured work (``runtime.dataflow.backpressure``), always at
 least one sub-batch. Unless forced, an outbox below its fill target (the call
 cap, or half the memory bound, whichever is lower) lingers up to ``linger_s``
 to fill its call: fewer, larger calls while the windows are open.
@@ -24,8 +24,8 @@ from typing import Any
 
 import numpy as np
 
-from runtime.backpressure import DrainRates
-from runtime.reliability import Entry
+from runtime.dataflow.backpressure import DrainRates
+from runtime.dataflow.reliability import Entry
 
 
 @dataclass

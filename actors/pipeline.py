@@ -20,7 +20,7 @@ up; tests share one session) and returns the report, phase by phase
 6. supervise: faults, capacity changes, a progress bar on stderr (processed /
    total, rate, current imbalance), a live stream's results and stop conditions;
 7. drain: resume every process, final flush, the aggregator's table;
-8. report: the actors' statistics as ``runtime.report``'s engine-neutral
+8. report: the actors' statistics as ``runtime.reporting.report``'s engine-neutral
    input (``measurements``), the shared report plus this engine's sections
    (aggregator, throttlers, cluster, stream, failures), and ``report.json`` /
    ``timeseries.csv`` / ``result.parquet`` / ``report.png``.
@@ -51,13 +51,13 @@ from actors import telemetry
 from actors import throttle as throttle_mod
 from actors import worker as worker_mod
 from actors.spark_input import build_dataframe, session_cpus, to_ray_shards
-from runtime import checkpoint as ckpt_mod
-from runtime import report as report_mod
+from runtime.dataflow import checkpoint as ckpt_mod
+from runtime.dataflow.latency import LatencyHistogram
 from runtime.grouping import SCHEMES
-from runtime.input_check import SHARD_BLOCK_ROWS
-from runtime.latency import LatencyHistogram
+from runtime.inputs.input_check import SHARD_BLOCK_ROWS
 from runtime.placement import actor_options
-from runtime.report import write_result, write_run
+from runtime.reporting import report as report_mod
+from runtime.reporting.report import write_result, write_run
 from runtime.topology import Topology, TopologyError
 
 POLL_S = 0.25
@@ -311,7 +311,7 @@ def run_live(topo: Topology, out_dir: str | Path, spark: Any, *, resume: bool = 
 
 class _LiveResults:
     """A live stream's ``result.parquet``, replaced every ``every_s`` by the
-    aggregator's answer so far (``runtime.report.write_result``); the aggregator
+    aggregator's answer so far (``runtime.reporting.report.write_result``); the aggregator
     is asked without blocking the driver's loop."""
 
     def __init__(self, agg: Any, out_dir: str | Path, every_s: float, t0: float) -> None:
@@ -347,7 +347,7 @@ def run_pipeline(
 
     ``df``: the input DataFrame if the caller already built it (default:
     ``build_dataframe(spark, topo)``). ``resume``: a live stream continues from
-    the checkpoint in ``out_dir`` (``runtime.checkpoint``).
+    the checkpoint in ``out_dir`` (``runtime.dataflow.checkpoint``).
     """
     r = _PipelineRun(topo, out_dir, spark, progress=progress, log=log)
     r.load(df, resume)
@@ -677,7 +677,7 @@ def measurements(
     agg_stats: dict[str, Any],
     distinct_keys: int | None = None,
 ) -> report_mod.RunMeasurements:
-    """The actors' statistics as ``runtime.report``'s engine-neutral input.
+    """The actors' statistics as ``runtime.reporting.report``'s engine-neutral input.
 
     Workers' series are cut or zero-padded to the run's slots; ``U_w`` uses
     each worker's own queue capacity; virtual workers are the mean over

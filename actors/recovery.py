@@ -1,7 +1,7 @@
 """A source's side of recovery: membership, worker deaths, a restart's resume.
 
 Plain classes, no Ray (``actors.source.SourceCore`` composes them; the
-exactly-once bookkeeping itself is ``runtime.reliability``):
+exactly-once bookkeeping itself is ``runtime.dataflow.reliability``):
 
 - ``Membership``: the workers the source routes to, kept in step with its
   grouping; failure and join notices from other threads.
@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from runtime.reliability import Entry, ReplayLog, ResumePlan, take
+from runtime.dataflow.reliability import Entry, ReplayLog, ResumePlan, take
 
 
 class Membership:

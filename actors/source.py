@@ -17,7 +17,7 @@ other workers keep being fed instead of idling behind it (head-of-line
 blocking: a worker stopped by the duty-cycle throttler for 70 ms would
 otherwise stall every worker of that source). A call holds at most ``CALL_S``
 (0.1 s) of the worker's work too: the source measures from its acks how fast
-each worker drains its messages (``runtime.backpressure``), so a slow
+each worker drains its messages (``runtime.dataflow.backpressure``), so a slow
 worker's calls, acks and load reports are as frequent as a fast one's.
 Every ack goes to ``grouping.on_ack(worker, signal, acked)`` as soon as it is
 seen: CG moves virtual workers on piggybacked signals, FISH learns service
@@ -30,7 +30,7 @@ batch was due: its scheduled time when paced (a source that falls behind or
 is blocked by backpressure does not hide that time: no coordinated
 omission), or when the source took it from its shard at ``rate = 0``.
 
-Reliability (``runtime.reliability``, docs/reliability.md): batches are
+Reliability (``runtime.dataflow.reliability``, docs/reliability.md): batches are
 numbered in shard order; every routed sub-batch is kept in a ``ReplayLog``
 until the worker flush holding it is committed. When a worker dies (a send
 fails with ``WorkerLost``, or the driver calls ``notify_worker_failed``) the
@@ -63,9 +63,7 @@ import pyarrow as pa
 
 from actors.outbox import Outboxes
 from actors.recovery import FailureLog, Membership, Resume, take_lost
-from runtime.grouping.acg import FIRST_PLAN_S, RoutedMeter
-from runtime.hashing import hash_arrow
-from runtime.reliability import (
+from runtime.dataflow.reliability import (
     IDX_DTYPE,
     Entry,
     Part,
@@ -75,6 +73,8 @@ from runtime.reliability import (
     peak_rss_mb,
     take,
 )
+from runtime.grouping.acg import FIRST_PLAN_S, RoutedMeter
+from runtime.hashing import hash_arrow
 
 Clock = Callable[[], float]
 
@@ -229,7 +229,7 @@ class SourceCore:
     (``actors.outbox``: per-worker queues, calls in flight, the call cap,
     linger and the memory bound), ``pacer`` (``run.rate``), ``members`` and
     ``failures`` (``actors.recovery``: the live workers, the replays of a dead
-    one's sub-batches), ``log`` (``runtime.reliability.ReplayLog``: every
+    one's sub-batches), ``log`` (``runtime.dataflow.reliability.ReplayLog``: every
     sub-batch until committed), ``load_reports`` (coordinated schemes) and,
     after a restart, ``resume``."""
 
@@ -801,7 +801,7 @@ class RayControl:
 
     def fence_source(self, source: int, epoch: int, live: Iterable[int]) -> ResumePlan:
         """Fence ``source``'s older incarnations on every live worker and plan the resume."""
-        from runtime.reliability import resume_plan
+        from runtime.dataflow.reliability import resume_plan
 
         refs = {w: self.workers[w].fence_source.remote(source, epoch) for w in live}
         fences = {}

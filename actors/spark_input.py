@@ -7,7 +7,7 @@
    DataFrame with a ``key`` string column (and ``label`` int64 for
    naive-bayes). Files are read by Spark; generated streams are produced *by
    Spark* (``spark.range`` + ``mapInPandas`` calling
-   ``runtime.generators.generate``), equal message for message to the numpy
+   ``runtime.inputs.generators.generate``), equal message for message to the numpy
    stream the simulator sees.
 3. ``to_ray_shards(df, n_sources)``: ``ray.data.from_spark`` and one Ray
    Dataset shard per source actor; each actor iterates its own shard with
@@ -25,7 +25,7 @@ Key conventions (same as ``runtime.operators`` and ``runtime.hashing``):
   ``NULL_HASH``; one result row with a null key), like Spark's ``groupBy``.
 - A JSON file with malformed lines is refused (exit 2), not read as rows of
   nulls. The simulator follows the same conventions
-  (``runtime.input_check``).
+  (``runtime.inputs.input_check``).
 - naive-bayes labels from a file are cast to int64; rows whose label is null
   (or not an integer) are dropped - an example without a class teaches
   nothing.
@@ -45,7 +45,7 @@ from typing import Any
 import pyarrow as pa
 import ray
 
-from runtime.input_check import SHARD_BLOCK_ROWS
+from runtime.inputs.input_check import SHARD_BLOCK_ROWS
 from runtime.topology import FILE_FORMATS, Topology, TopologyError
 
 log = logging.getLogger(__name__)
@@ -183,14 +183,14 @@ def _generator_spec(topo: Topology) -> dict[str, Any]:
             "shift_every": i.shift_every, "classes": i.classes}
 
 
-#: Spark types of the generated streams' columns (``runtime.generators``)
+#: Spark types of the generated streams' columns (``runtime.inputs.generators``)
 _GENERATED_TYPES = {"ts": "long", "label": "long", "value": "long", "amount": "double"}
 
 
 def _generated_dataframe(spark: Any, topo: Topology, columns: list[str]) -> Any:
     """The generated stream, produced by Spark's executor: message ``i`` is
-    ``runtime.generators.generate(i, 1, spec)`` whatever the partitioning;
-    ``key`` plus ``columns`` (``runtime.generators.GENERATED_COLUMNS``)."""
+    ``runtime.inputs.generators.generate(i, 1, spec)`` whatever the partitioning;
+    ``key`` plus ``columns`` (``runtime.inputs.generators.GENERATED_COLUMNS``)."""
     n = topo.input.messages if topo.input.limit is None else min(topo.input.messages,
                                                                    topo.input.limit)
     spec = _generator_spec(topo)
@@ -202,7 +202,7 @@ def _generated_dataframe(spark: Any, topo: Topology, columns: list[str]) -> Any:
         import numpy as np
         import pandas as pd
 
-        from runtime.generators import generate
+        from runtime.inputs.generators import generate
 
         for pdf in batches:
             ids = pdf["id"].to_numpy(dtype=np.int64)
@@ -253,7 +253,7 @@ def build_dataframe(spark: Any, topo: Topology) -> Any:
     if topo.input.format not in FILE_FORMATS:
         raise TopologyError(f"input.format: unknown format (got {topo.input.format!r})")
 
-    from runtime.input_check import no_rows, unreadable
+    from runtime.inputs.input_check import no_rows, unreadable
 
     try:
         raw = _read_file(spark, topo)
@@ -278,7 +278,7 @@ def _select_input(raw: Any, topo: Topology) -> Any:
     streaming DataFrame too. One-line ``TopologyError`` for a missing column."""
     from pyspark.sql import functions as F
 
-    from runtime.input_check import no_column
+    from runtime.inputs.input_check import no_column
 
     columns = raw.columns
     if "_corrupt_record" in columns and topo.input.key != "_corrupt_record":
@@ -314,7 +314,7 @@ def stream_dataframe(spark: Any, topo: Topology) -> Any:
     most ``input.max_files_per_trigger`` new files. Files whose names start with
     ``.`` or ``_`` are ignored: write a file under such a name and rename it
     into place, so Spark never reads half of it."""
-    from runtime.input_check import unreadable
+    from runtime.inputs.input_check import unreadable
 
     fmt = topo.input.format
     try:

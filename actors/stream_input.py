@@ -27,8 +27,8 @@ from typing import Any
 import pyarrow as pa
 import ray
 
-from runtime import checkpoint as ckpt_mod
-from runtime.input_check import has_data_files
+from runtime.dataflow import checkpoint as ckpt_mod
+from runtime.inputs.input_check import has_data_files
 from runtime.topology import Topology, TopologyError
 
 #: how often Spark looks for new files (a micro-batch that takes longer is
@@ -64,7 +64,7 @@ def wait_for_first_file(directory: Path, should_stop: Any, idle_s: float | None,
 class LiveInput:
     """One run's streaming query feeding ``sources`` (see the module docstring).
 
-    ``checkpoint`` (exactly once across a ``--resume``, ``runtime.checkpoint``):
+    ``checkpoint`` (exactly once across a ``--resume``, ``runtime.dataflow.checkpoint``):
     every micro-batch is logged (Arrow, ``wal/``) before it is handed over, so
     Spark may commit it at once and plan the next while this one is processed.
     At most every ``checkpoint_every_s``, a cut goes into every source's inbox

@@ -1,6 +1,6 @@
 """Live application metrics, exported by the actors themselves (``ray.util.metrics``).
 
-Every metric is defined in ``runtime.live_metrics`` (``METRICS``, re-exported
+Every metric is defined in ``runtime.reporting.live_metrics`` (``METRICS``, re-exported
 here): named ``hs_*`` (Ray's Prometheus endpoint shows them as ``ray_hs_*``,
 counters with a ``_total`` suffix) and tagged with ``run`` (the run's Ray
 namespace, ``<topology name>-<UTC stamp>``) and ``actor`` (``worker-3``,
@@ -40,9 +40,9 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
-from runtime import live_metrics
-from runtime.latency import LatencyHistogram
-from runtime.live_metrics import METRICS  # the catalogue, used here and re-exported
+from runtime.dataflow.latency import LatencyHistogram
+from runtime.reporting import live_metrics
+from runtime.reporting.live_metrics import METRICS  # the catalogue, used here and re-exported
 
 if TYPE_CHECKING:
     from runtime.grouping import Grouping

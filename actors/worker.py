@@ -12,7 +12,7 @@
   latencies are per message: finish - the source's emit time) + the app's
   ``add(records, key_hashes)``.
 - Every ``app.aggregate_every_s`` the app's partial (a delta) goes to ``sink``
-  as a ``runtime.reliability.Flush``: sequence number, the claims
+  as a ``runtime.dataflow.reliability.Flush``: sequence number, the claims
   ``(source, batch, idx)`` it covers and the sources' watermarks. A sub-batch's
   ack names the flush that holds it (``flush_seq``) and the latest flush the
   aggregator committed (``committed_seq``): sources keep what they sent until
@@ -52,12 +52,12 @@ from typing import Any
 
 import numpy as np
 
+from runtime.dataflow.latency import LatencyHistogram
+from runtime.dataflow.reliability import ClaimLog, Flush, Part, Tag, peak_rss_mb
+from runtime.dataflow.service import ServiceEmulator
 from runtime.grouping.acg import FIRST_PLAN_S, RateMeter
-from runtime.latency import LatencyHistogram
-from runtime.metrics import DistinctKeys
-from runtime.reliability import ClaimLog, Flush, Part, Tag, peak_rss_mb
-from runtime.service import ServiceEmulator
-from runtime.signals import LoadSignaler, WorkerSignals
+from runtime.grouping.signals import LoadSignaler, WorkerSignals
+from runtime.reporting.metrics import DistinctKeys
 
 Clock = Callable[[], float]
 

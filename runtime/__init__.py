@@ -1,8 +1,11 @@
 """Load-balancing runtime for stream processing on heterogeneous clusters.
 
-``runtime`` is engine independent: grouping schemes, hashing, sketches, the
-topology schema, applications, metrics, reports and the discrete-event
-simulator. Only ``actors/`` (and ``runtime.run``) import Ray.
+``runtime`` is engine independent: the topology schema, hashing, grouping
+schemes (``grouping``), operators, the actor cores' pure machinery
+(``dataflow``), inputs, reporting, compiled kernels and the discrete-event
+simulator (``sim``). Only ``actors/`` imports Ray; the entry points (``run``,
+``compare``, ``top``, ``api``) reach it through ``actors.engine`` from inside
+one function (``tests/test_layering.py`` checks both).
 
 Compiled kernels are cached by numba (``cache=True``), but numba only checks
 the file that defines a function, not the helpers it inlines from other files:

@@ -33,7 +33,7 @@ ENGINES = ("ray", "sim")
 def load(topology: Topology | dict[str, Any] | str | os.PathLike[str],
          overrides: list[str] | None = None) -> Topology:
     """The topology, validated with its input and its app (``runtime.run --check``)."""
-    from runtime.input_check import check_app, preflight
+    from runtime.inputs.input_check import check_app, preflight
 
     if isinstance(topology, Topology):
         if overrides:
@@ -56,7 +56,7 @@ def run(topology: Topology | dict[str, Any] | str | os.PathLike[str], *, engine:
     if engine not in ENGINES:
         raise TopologyError(f"engine: must be one of {', '.join(ENGINES)} (got {engine!r})")
     topo = load(topology, overrides)
-    from runtime.report import default_out_dir
+    from runtime.reporting.report import default_out_dir
 
     out_dir = Path(out) if out is not None else default_out_dir(topo.name)
     if engine == "sim":

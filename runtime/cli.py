@@ -60,7 +60,7 @@ def load_or_exit(path: str, overrides: Sequence[str], *, check_input: bool = Tru
     try:
         topo = load_topology(path, list(overrides), check_input=check_input)
         if check_input:
-            from runtime.input_check import check_app
+            from runtime.inputs.input_check import check_app
 
             check_app(topo)
         return topo

@@ -28,7 +28,7 @@ import pandas as pd
 
 from runtime.cli import base_parser, check_address, fail, load_or_exit, parse_schemes, run_main
 from runtime.engine import Engine
-from runtime.report import default_out_dir
+from runtime.reporting.report import default_out_dir
 from runtime.run import check_input_columns
 from runtime.topology import Topology
 

@@ -26,7 +26,7 @@ import numpy as np
 import pyarrow as pa
 from numba import njit
 
-from runtime.jit import kernel
+from runtime.kernels.jit import kernel
 
 SEED_STEP = np.uint64(0x9E3779B97F4A7C15)
 _C1 = np.uint64(0xFF51AFD7ED558CCD)

@@ -16,15 +16,15 @@ import sys
 from pathlib import Path
 
 from runtime.cli import base_parser, check_address, fail, load_or_exit, run_main
-from runtime.report import default_out_dir, summary_table
+from runtime.reporting.report import default_out_dir, summary_table
 from runtime.topology import Topology, TopologyError
 
 
 def check_input_columns(topo: Topology) -> None:
     """Fail (exit 2, one line) before Ray and Spark start if the input file is
     missing, unreadable or empty, or lacks the key (or label) column
-    (``runtime.input_check.preflight``)."""
-    from runtime.input_check import preflight
+    (``runtime.inputs.input_check.preflight``)."""
+    from runtime.inputs.input_check import preflight
 
     try:
         preflight(topo)
@@ -117,7 +117,7 @@ def main(argv: list[str] | None = None) -> int:
 def _take_over(topo: Topology, out: str | None) -> None:
     """``--resume``: check there is a stream to continue and that its driver is
     gone; stop what is left of that run's Ray and Spark processes."""
-    from runtime import checkpoint
+    from runtime.dataflow import checkpoint
 
     if not topo.input.stream:
         fail("--resume: only for a live stream (input.stream: true)")

@@ -13,8 +13,8 @@ from __future__ import annotations
 import time
 
 from runtime.cli import base_parser, load_or_exit, run_main
-from runtime.input_check import SHARD_BLOCK_ROWS
-from runtime.report import default_out_dir, summary_table
+from runtime.inputs.input_check import SHARD_BLOCK_ROWS
+from runtime.reporting.report import default_out_dir, summary_table
 from runtime.sim import SimEngine, SimResult, simulate
 from runtime.sim.engine import DEFAULT_ACK_DELAY_MS
 

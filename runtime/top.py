@@ -34,9 +34,9 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from runtime import live_metrics
-from runtime.live_metrics import METRICS, exported
-from runtime.signals import DEFAULT_SIGNALS
+from runtime.grouping.signals import DEFAULT_SIGNALS
+from runtime.reporting import live_metrics
+from runtime.reporting.live_metrics import METRICS, exported
 
 PREFIX = live_metrics.PROMETHEUS_PREFIX
 STALE_S = 5.0

@@ -33,8 +33,8 @@ import pyarrow.parquet as pq
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from runtime.generators import key_strings  # noqa: E402
 from runtime.hashing import hash_arrow, hash_one  # noqa: E402
+from runtime.inputs.generators import key_strings  # noqa: E402
 
 
 def old_hash_keys(keys: np.ndarray) -> np.ndarray:

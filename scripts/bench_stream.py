@@ -42,7 +42,7 @@ import pyarrow.parquet as pq  # noqa: E402
 from drop_files import FileDropper  # noqa: E402
 
 from runtime.engine import Engine  # noqa: E402
-from runtime.report import default_out_dir  # noqa: E402
+from runtime.reporting.report import default_out_dir  # noqa: E402
 from runtime.topology import load_topology  # noqa: E402
 
 WORDS = ROOT / "data" / "gitgit-words-1m.parquet"

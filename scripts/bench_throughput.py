@@ -27,7 +27,7 @@ sys.path.insert(0, str(ROOT))
 
 from runtime.cli import parse_schemes  # noqa: E402
 from runtime.compare import run_all  # noqa: E402
-from runtime.report import default_out_dir  # noqa: E402
+from runtime.reporting.report import default_out_dir  # noqa: E402
 from runtime.topology import load_topology  # noqa: E402
 
 

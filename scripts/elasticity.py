@@ -3,7 +3,7 @@
     python scripts/elasticity.py [--schemes ch,fish,kg,...] [--workers 4,8,16]
         [--keys 20000] [--messages 200000] [--skew 0.0] [--csv FILE]
 
-Uses ``runtime.elasticity.key_moves`` (the grouping code both engines route
+Uses ``runtime.sim.elasticity.key_moves`` (the grouping code both engines route
 with). ``ideal`` is ``1 / (n + 1)`` for a change between ``n`` and ``n + 1``
 workers; ``none`` is the drift with no change (load-aware schemes move keys
 anyway), so the cost of the change itself is roughly ``add - none``.
@@ -14,8 +14,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from runtime.elasticity import key_moves
 from runtime.grouping import SCHEMES
+from runtime.sim.elasticity import key_moves
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -24,7 +24,7 @@ sys.path.insert(0, str(ROOT))
 
 from runtime.cli import parse_schemes  # noqa: E402
 from runtime.compare import open_engine, run_all, topologies  # noqa: E402
-from runtime.report import default_out_dir  # noqa: E402
+from runtime.reporting.report import default_out_dir  # noqa: E402
 
 
 def main() -> int:

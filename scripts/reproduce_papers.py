@@ -40,9 +40,9 @@ if str(ROOT / "scripts") not in sys.path:
 
 import paper_baselines as pb  # noqa: E402
 
-from runtime.generators import key_ids, zipf_cdf  # noqa: E402
 from runtime.grouping import SCHEMES, make_grouping  # noqa: E402
 from runtime.hashing import hash_keys  # noqa: E402
+from runtime.inputs.generators import key_ids, zipf_cdf  # noqa: E402
 
 DEFAULT_WORDS = ROOT / "data" / "gitgit-words-1m.parquet"
 SEED = 0

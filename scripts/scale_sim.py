@@ -192,7 +192,7 @@ def print_tables(rrows: list[dict[str, Any]], srows: list[dict[str, Any]], md: b
                 _fmt(r["sub_per_batch"], ",.1f"), _fmt(r["msgs_per_sub"], ",.2f")]
                for r in rrows])
     if rrows:
-        from runtime.signals import LoadSignaler
+        from runtime.grouping.signals import LoadSignaler
 
         sig = LoadSignaler()
         sig.observe(0.0, 0.5)

@@ -23,7 +23,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from runtime.report import default_out_dir  # noqa: E402
+from runtime.reporting.report import default_out_dir  # noqa: E402
 from runtime.topology import TopologyError, load_topology  # noqa: E402
 
 

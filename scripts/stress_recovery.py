@@ -66,7 +66,7 @@ import stress_common as sc  # noqa: E402
 
 from runtime.cli import run_main  # noqa: E402
 from runtime.compare import run_all  # noqa: E402
-from runtime.report import default_out_dir  # noqa: E402
+from runtime.reporting.report import default_out_dir  # noqa: E402
 from runtime.topology import Topology, TopologyError, load_topology  # noqa: E402
 
 SCENARIOS = ("capacity-change", "hot-keys", "slowdown")

@@ -14,10 +14,10 @@ from conftest import FakeTime
 from actors.aggregator import AggregatorCore
 from actors.source import SourceCore, rebatch
 from actors.worker import WorkerCore
+from runtime.dataflow.reliability import Part
 from runtime.grouping import make_grouping
+from runtime.grouping.signals import WorkerSignals
 from runtime.operators import WorkerApp, builtin_operator
-from runtime.reliability import Part
-from runtime.signals import WorkerSignals
 
 
 class DirectTransport:

@@ -1,4 +1,4 @@
-"""Backpressure in seconds of work (runtime.backpressure.DrainRates)."""
+"""Backpressure in seconds of work (runtime.dataflow.backpressure.DrainRates)."""
 
 import math
 
@@ -6,7 +6,7 @@ import pyarrow as pa
 import pytest
 
 from actors.source import SourceCore
-from runtime.backpressure import CALL_S, DrainRates
+from runtime.dataflow.backpressure import CALL_S, DrainRates
 from runtime.grouping import make_grouping
 
 

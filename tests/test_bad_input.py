@@ -448,7 +448,7 @@ def test_a_failed_write_leaves_nothing(tmp_path: Path, monkeypatch: pytest.Monke
     a failure half-way (here: the plot) leaves no output and no staging."""
     import pandas as pd
 
-    from runtime import plots, report
+    from runtime.reporting import plots, report
     from runtime.sim import simulate
 
     rep = simulate({"name": "t", "input": {"format": "zipf", "messages": 1000, "keys": 10}}).report

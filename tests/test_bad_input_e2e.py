@@ -119,7 +119,7 @@ def test_run_process_on_a_problem_found_by_spark(tmp_path: Path) -> None:
 
 def test_key_and_label_casts_match_spark(ray_spark, tmp_path: Path) -> None:
     """The simulator's copies of Spark's CAST(key AS STRING) and CAST(label AS
-    BIGINT) (runtime.input_check) against Spark itself, on the odd values."""
+    BIGINT) (runtime.inputs.input_check) against Spark itself, on the odd values."""
     import datetime
 
     import pyarrow as pa

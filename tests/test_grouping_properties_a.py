@@ -16,7 +16,7 @@ from runtime.grouping.dchoices import dchoices_d
 from runtime.grouping.fastmod import mod_magic, mod_n, mulhi64, mulhi64_portable
 from runtime.grouping.pkg import pkg_candidates
 from runtime.hashing import choice, hash_keys
-from runtime.sketches import LossyCounting, SpaceSaving, merge_space_saving
+from runtime.kernels.sketches import LossyCounting, SpaceSaving, merge_space_saving
 
 HYP = settings(max_examples=40, deadline=None)
 

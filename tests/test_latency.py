@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from runtime.latency import LatencyHistogram
-from runtime.metrics import latency_summary_ms
+from runtime.dataflow.latency import LatencyHistogram
+from runtime.reporting.metrics import latency_summary_ms
 
 
 def test_percentiles_close_to_exact() -> None:

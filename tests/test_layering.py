@@ -28,8 +28,7 @@ ENTRY_POINTS = {"runtime/run.py", "runtime/compare.py", "runtime/top.py", "runti
 COMMANDS = ("runtime/run.py", "runtime/compare.py", "runtime/api.py", "runtime/top.py")
 #: what runtime/grouping may import
 GROUPING_THIRD_PARTY = {"numpy", "numba", "llvmlite", "mmh3"}
-GROUPING_FIRST_PARTY = {"runtime.grouping", "runtime.jit", "runtime.hashing",
-                        "runtime.sketches", "runtime.signals"}
+GROUPING_FIRST_PARTY = {"runtime.grouping", "runtime.kernels", "runtime.hashing"}
 
 
 def _absolute(node: ast.Import | ast.ImportFrom, package: tuple[str, ...]) -> set[str]:

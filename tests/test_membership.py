@@ -64,7 +64,7 @@ def test_rendezvous_stand_in_is_stable_under_a_second_departure() -> None:
 @pytest.mark.parametrize("scheme", ["ch", "fish", "kg", "chbl"])
 @pytest.mark.parametrize("op", ["add", "remove"])
 def test_one_membership_change_moves_about_one_over_n_keys(scheme: str, op: str) -> None:
-    from runtime.elasticity import key_moves
+    from runtime.sim.elasticity import key_moves
 
     r = key_moves(scheme, 8, op, n_keys=4000, messages=40_000)
     assert r["workers_before"] + r["workers_after"] == 17

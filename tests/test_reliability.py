@@ -13,10 +13,7 @@ from conftest import FakeTime
 from actors.aggregator import AggregatorCore
 from actors.source import SourceCore
 from actors.worker import WorkerCore
-from runtime.grouping import make_grouping
-from runtime.hashing import hash_arrow
-from runtime.operators import WorkerApp, builtin_operator
-from runtime.reliability import (
+from runtime.dataflow.reliability import (
     ClaimLog,
     CommitLedger,
     Entry,
@@ -28,6 +25,9 @@ from runtime.reliability import (
     WorkerLost,
     resume_plan,
 )
+from runtime.grouping import make_grouping
+from runtime.hashing import hash_arrow
+from runtime.operators import WorkerApp, builtin_operator
 
 
 def _idx(*xs: int) -> np.ndarray:

@@ -1,4 +1,4 @@
-"""One report for both engines (``runtime.report``): the Ray engine's and the
+"""One report for both engines (``runtime.reporting.report``): the Ray engine's and the
 simulator's measurements, gathered from fixture inputs, give reports of one
 shape that validate; a real simulated run's report validates too."""
 
@@ -13,8 +13,8 @@ import pyarrow as pa
 import pytest
 
 from actors.pipeline import Capacities, measurements
-from runtime import report as report_mod
-from runtime.latency import LatencyHistogram
+from runtime.dataflow.latency import LatencyHistogram
+from runtime.reporting import report as report_mod
 from runtime.sim import simulate, summary
 from runtime.sim.engine import EngineResult, SimParams
 from runtime.sim.kernels import LAT_BINS
@@ -81,7 +81,7 @@ def sim_report(topo: Topology) -> dict[str, Any]:
         vw=np.full((N_SLOTS, N_WORKERS), 4.0),
         grouping_stats=[GROUPING_STATS, GROUPING_STATS], inflight_at_end=0,
         signals_emitted={"increase": 3, "decrease": 3}, events=10)
-    return summary.build_report(topo, er)
+    return dict(report_mod.build_report(topo, summary.measurements(er)))
 
 
 def written(report: dict[str, Any], rows: int = 100) -> dict[str, Any]:

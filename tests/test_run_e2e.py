@@ -16,7 +16,7 @@ import pytest
 
 from runtime.grouping import SCHEMES
 from runtime.operators import table_diff
-from runtime.report import REQUIRED_KEYS
+from runtime.reporting.report import REQUIRED_KEYS
 from runtime.topology import load_topology
 
 pytestmark = pytest.mark.e2e

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from conftest import FakeTime
 
-from runtime.service import ServiceEmulator
+from runtime.dataflow.service import ServiceEmulator
 
 T0 = 100.0  # the fake clock's start
 

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from runtime.signals import LoadSignaler
+from runtime.grouping.signals import LoadSignaler
 
 
 def test_thresholds_map_to_signals() -> None:

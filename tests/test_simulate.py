@@ -14,10 +14,10 @@ import pandas as pd
 import pyarrow.parquet as pq
 import pytest
 
-from runtime import generators
 from runtime.grouping import SCHEMES, Grouping
-from runtime.report import REQUIRED_KEYS
-from runtime.signals import WorkerSignals
+from runtime.grouping.signals import WorkerSignals
+from runtime.inputs import generators
+from runtime.reporting.report import REQUIRED_KEYS
 from runtime.sim import SimResult, simulate
 from runtime.sim.engine import Engine, SimParams, shard_order
 from runtime.simulate import main as simulate_main

@@ -12,9 +12,9 @@ import pytest
 import ray
 
 from actors.spark_input import build_dataframe, reference_result, to_ray_shards
-from runtime.generators import generate
+from runtime.dataflow.reliability import Part
+from runtime.inputs.generators import generate
 from runtime.operators import AggregatorApp, WorkerApp, builtin_operator, sort_result
-from runtime.reliability import Part
 from runtime.topology import TopologyError, load_topology
 
 pytestmark = pytest.mark.e2e

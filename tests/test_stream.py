@@ -20,7 +20,7 @@ from actors.pipeline import StopRequests
 from actors.source import SourceCore, StreamInbox
 from actors.stream_input import split_even
 from runtime.grouping import make_grouping
-from runtime.report import write_result
+from runtime.reporting.report import write_result
 from runtime.top import RunView, render
 from runtime.topology import TopologyError, load_topology
 
@@ -215,7 +215,7 @@ def test_a_stream_reads_a_directory(tmp_path) -> None:
 
 
 def test_preflight_lets_an_empty_stream_directory_start_and_checks_a_full_one(tmp_path) -> None:
-    from runtime.input_check import preflight
+    from runtime.inputs.input_check import preflight
 
     preflight(_topo(tmp_path, {"stream": True}))  # empty: the run waits for a file
     pq.write_table(pa.table({"word": ["a"]}), tmp_path / "one.parquet")
@@ -246,7 +246,7 @@ def test_live_view_shows_a_streams_lag() -> None:
 
 
 def test_checkpoint_round_trip_and_atomic_replace(tmp_path) -> None:
-    from runtime import checkpoint as ck
+    from runtime.dataflow import checkpoint as ck
 
     assert ck.load(tmp_path) is None and not ck.exists(tmp_path)
     first = ck.Checkpoint(3, 1200, {"a": 1}, {"kind": "wordcount"})
@@ -261,7 +261,7 @@ def test_checkpoint_round_trip_and_atomic_replace(tmp_path) -> None:
 def test_a_file_that_is_not_a_checkpoint_is_refused(tmp_path) -> None:
     import pickle
 
-    from runtime import checkpoint as ck
+    from runtime.dataflow import checkpoint as ck
 
     d = tmp_path / ".checkpoint"
     d.mkdir()
@@ -282,10 +282,10 @@ def test_a_dead_drivers_leftover_processes_are_stopped(tmp_path) -> None:
 
     import psutil
 
-    from runtime import checkpoint as ck
+    from runtime.dataflow import checkpoint as ck
 
     code = ("import subprocess, sys, time\n"
-            "from runtime import checkpoint\n"
+            "from runtime.dataflow import checkpoint\n"
             "c = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(120)'])\n"
             f"checkpoint.record_processes({str(tmp_path)!r})\n"
             "print(c.pid, flush=True)\n"
@@ -335,7 +335,7 @@ def test_resume_errors_before_anything_starts(tmp_path, capsys, args, message) -
 
 
 def test_resume_needs_a_checkpoint_and_a_checkpoint_needs_resume(tmp_path, capsys) -> None:
-    from runtime import checkpoint as ck
+    from runtime.dataflow import checkpoint as ck
     from runtime.run import main
 
     indir, out = tmp_path / "in", tmp_path / "out"

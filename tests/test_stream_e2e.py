@@ -150,7 +150,7 @@ def test_a_stream_stops_once_idle_and_takes_files_a_few_at_a_time(ray_spark, tmp
 
 
 def _dead_run_processes(out: Path) -> list[tuple[int, float]]:
-    from runtime.checkpoint import PROCESSES_FILE, checkpoint_dir
+    from runtime.dataflow.checkpoint import PROCESSES_FILE, checkpoint_dir
 
     data = json.loads((checkpoint_dir(out) / PROCESSES_FILE).read_text())
     return [(int(p), float(t)) for p, t in data["children"]]
@@ -165,7 +165,7 @@ def test_a_stream_resumes_exactly_after_its_driver_is_killed(tmp_path) -> None:
 
     import yaml
 
-    from runtime.checkpoint import _alive
+    from runtime.dataflow.checkpoint import _alive
 
     words = pq.read_table(WORDS).slice(200_000, 70_000).select(["key"])
     indir, out = tmp_path / "in", tmp_path / "out"

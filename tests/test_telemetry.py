@@ -12,9 +12,9 @@ import pytest
 from actors import telemetry
 from actors.telemetry import METRICS, RecordingSink, RunTelemetry, SourceTelemetry, WorkerTelemetry
 from actors.worker import WorkerCore
+from runtime.dataflow.reliability import Part
 from runtime.grouping import make_grouping
 from runtime.operators import WorkerApp, builtin_operator
-from runtime.reliability import Part
 
 
 def test_metric_names_and_tags_are_valid() -> None:

@@ -14,7 +14,7 @@ import time
 import pyarrow as pa
 import pytest
 
-from runtime.reliability import Part
+from runtime.dataflow.reliability import Part
 
 pytestmark = pytest.mark.e2e
 

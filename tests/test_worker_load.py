@@ -11,7 +11,7 @@ from conftest import FakeTime
 
 from actors.worker import FlushCadence, LoadMeter, SourceSignals, TableRelay
 from runtime.grouping.acg import FIRST_PLAN_S
-from runtime.signals import WorkerSignals
+from runtime.grouping.signals import WorkerSignals
 
 
 def meter(ft: FakeTime, queue_capacity: int = 4, slot_s: float = 1.0) -> LoadMeter:

@@ -22,7 +22,7 @@ import numpy as np
 from runtime.hashing import choice
 
 if TYPE_CHECKING:
-    from runtime.signals import WorkerSignals
+    from runtime.grouping.signals import WorkerSignals
 
 Clock = Callable[[], float]
 

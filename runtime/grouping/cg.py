@@ -4,7 +4,7 @@ Streams on Heterogeneous Clusters" (CG paper), sections 4-5.
 Each source routes keys with PoRC (``porc_route``) onto ``B = n * R`` equal
 virtual workers (VWs), then VW -> worker through a table that starts with
 ``R`` VWs per worker (VW ``v`` on worker ``v mod n``). Workers piggyback
-binary load signals on their acks (worker side: ``runtime.signals.LoadSignaler``);
+binary load signals on their acks (worker side: ``runtime.grouping.signals.LoadSignaler``);
 the source pairs them to move VWs from busy to idle workers:
 
 - two FCFS queues, ``idle`` and ``busy``, deduplicated; a worker is in at most
@@ -44,7 +44,7 @@ from runtime.grouping.porc import (
     validate_eps,
     validate_virtual_per_worker,
 )
-from runtime.signals import DEFAULT_SIGNALS, WorkerSignals
+from runtime.grouping.signals import DEFAULT_SIGNALS, WorkerSignals
 
 MAX_VIRTUAL_PER_WORKER = 10_000
 

@@ -28,7 +28,7 @@ import numpy as np
 from numba import njit
 
 from runtime.grouping.base import Clock, Grouping, register
-from runtime.jit import kernel
+from runtime.kernels.jit import kernel
 
 MAX_VNODES = 100_000
 

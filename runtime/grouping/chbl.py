@@ -33,7 +33,7 @@ import numpy as np
 
 from runtime.grouping.base import Clock, Grouping, register
 from runtime.grouping.ch import MAX_VNODES, Ring
-from runtime.jit import kernel
+from runtime.kernels.jit import kernel
 
 
 @kernel()

@@ -96,8 +96,8 @@ import numpy as np
 from runtime.grouping.base import _HRW_SALT, Clock, Grouping, register
 from runtime.grouping.fastmod import magic_of, mod_n, mulhi64
 from runtime.hashing import choice_scalar, mix64_scalar
-from runtime.jit import kernel
-from runtime.sketches import (
+from runtime.kernels.jit import kernel
+from runtime.kernels.sketches import (
     EMPTY,
     index_build,
     index_delete,

@@ -4,7 +4,7 @@ processing", ICDE 2016.
 
 Each source keeps a weighted SpaceSaving summary (capacity ``capacity``,
 default 100; a full summary evicts the lowest-slot minimum counter,
-``runtime.sketches``) of the keys it routed and its message count ``m``. A message's key
+``runtime.kernels.sketches``) of the keys it routed and its message count ``m``. A message's key
 is *head* if its *guaranteed* summary count ``g_k = c_k - e_k`` (counter minus
 the error it inherited on insertion) satisfies ``g_k / m > theta`` (default
 ``theta = 1/(5n)``), evaluated per message *after* counting that message;
@@ -59,8 +59,8 @@ from runtime.grouping.base import Clock, Grouping, register
 from runtime.grouping.fastmod import magic_of, mod_n
 from runtime.grouping.pkg import pkg_pair
 from runtime.hashing import choice_scalar
-from runtime.jit import kernel
-from runtime.sketches import SpaceSaving, ss_update
+from runtime.kernels.jit import kernel
+from runtime.kernels.sketches import SpaceSaving, ss_update
 
 MODE_D = 0
 MODE_W = 1

@@ -20,7 +20,7 @@ from llvmlite import ir
 from numba import types
 from numba.extending import intrinsic
 
-from runtime.jit import kernel
+from runtime.kernels.jit import kernel
 
 _MASK32 = np.uint64(0xFFFFFFFF)
 

@@ -72,8 +72,14 @@ from numba import njit
 
 from runtime.grouping.base import Clock, register
 from runtime.grouping.ch import MAX_VNODES, Ring, RingMembership, ring_distinct_successors
-from runtime.jit import kernel
-from runtime.sketches import EMPTY, index_table_size, ss_reindex, ss_update_slot, tree_arrays
+from runtime.kernels.jit import kernel
+from runtime.kernels.sketches import (
+    EMPTY,
+    index_table_size,
+    ss_reindex,
+    ss_update_slot,
+    tree_arrays,
+)
 
 PRIOR_T_S = 1e-3  # neutral per-message time before any ack (only ratios matter)
 MIN_T_S = 1e-9
@@ -130,7 +136,7 @@ def fish_route(
     """The FISH loop over one micro-batch; all state is updated in place.
 
     ``succ`` = ring successor index of each key; ``ck/cc/c_err/c_tree_slot/
-    c_tree_count/c_index/c_meta`` = the SpaceSaving counter set (``runtime.sketches``
+    c_tree_count/c_index/c_meta`` = the SpaceSaving counter set (``runtime.kernels.sketches``
     layout, ``c_meta = [size, total]``; ReplaceMin evicts the lowest-slot
     minimum, as a scan of the slots in order would; ``c_err`` = each
     counter's SpaceSaving error, decayed with it); ``cd/cstamp`` = each

@@ -54,8 +54,8 @@ import numpy as np
 
 from runtime.grouping.base import Clock, Grouping, register
 from runtime.grouping.ch import MAX_VNODES, Ring, ring_successor
-from runtime.jit import kernel
-from runtime.sketches import EMPTY, LossyCounting, index_build, index_find, lc_update
+from runtime.kernels.jit import kernel
+from runtime.kernels.sketches import EMPTY, LossyCounting, index_build, index_find, lc_update
 
 HEURISTICS = ("readj", "scan", "redist")
 MAX_MOVES_PER_ITEM = 5  # the paper's c: "limited and unlimited did not differ"

@@ -11,7 +11,7 @@ import numpy as np
 from runtime.grouping.base import Grouping, register
 from runtime.grouping.fastmod import magic_of, mod_n
 from runtime.hashing import choice_scalar
-from runtime.jit import kernel
+from runtime.kernels.jit import kernel
 
 
 @kernel()

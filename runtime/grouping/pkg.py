@@ -26,7 +26,7 @@ from numba import njit
 from runtime.grouping.base import Clock, Grouping, register
 from runtime.grouping.fastmod import magic_of, mod_n
 from runtime.hashing import choice_scalar
-from runtime.jit import kernel
+from runtime.kernels.jit import kernel
 
 
 @kernel(inline=True)

@@ -38,7 +38,7 @@ from numba import njit
 from runtime.grouping.base import Clock, Grouping, register
 from runtime.grouping.fastmod import magic_of, mod_n
 from runtime.hashing import choice_scalar
-from runtime.jit import kernel
+from runtime.kernels.jit import kernel
 
 PROBES_PER_BIN = 8
 MAX_BINS = 10_000_000

@@ -26,7 +26,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from runtime.grouping.base import Clock, Grouping, register
-from runtime.jit import kernel
+from runtime.kernels.jit import kernel
 
 
 @kernel()

@@ -1,6 +1,6 @@
 """``HeavyHitters``: the ``top_k`` most frequent keys from weighted SpaceSaving.
 
-Weighted SpaceSaving summaries (``runtime.sketches``), merged one-sidedly:
+Weighted SpaceSaving summaries (``runtime.kernels.sketches``), merged one-sidedly:
 
 - ``add`` buffers the batch's ``key_hash`` (uint64, shipped by the source;
   ``runtime.hashing.hash_arrow`` if absent) and ``key`` arrays;
@@ -12,7 +12,7 @@ Weighted SpaceSaving summaries (``runtime.sketches``), merged one-sidedly:
 - ``compact`` freezes the sketch into a summary ``(hashes, counts, errors,
   capacity, total)`` with the names (original keys) of its tracked hashes;
 - ``merge`` collects summaries and folds them with
-  ``runtime.sketches.merge_space_saving`` every ``fold_every`` (one-level merge
+  ``runtime.kernels.sketches.merge_space_saving`` every ``fold_every`` (one-level merge
   of fresh summaries: ``error <= W / counters``); each fold keeps the one-sided
   guarantees exactly: every reported ``count`` is an upper bound on the key's
   true count and ``count - error`` a lower bound.
@@ -41,7 +41,7 @@ from runtime.operators.tables import (
 )
 
 if TYPE_CHECKING:
-    from runtime.sketches import SpaceSaving
+    from runtime.kernels.sketches import SpaceSaving
 
 _STRING = pa.string()
 
@@ -113,7 +113,7 @@ class HeavyHitters:
         tracked hashes only."""
         if not state.raw_rows:
             return
-        from runtime.sketches import SpaceSaving
+        from runtime.kernels.sketches import SpaceSaving
 
         h = np.concatenate(state.hashes) if len(state.hashes) > 1 else state.hashes[0]
         h = np.ascontiguousarray(h, dtype=np.uint64)
@@ -151,7 +151,7 @@ class HeavyHitters:
         return state
 
     def _fold(self, state: HeavyHittersState) -> None:
-        from runtime.sketches import SpaceSaving, merge_space_saving
+        from runtime.kernels.sketches import SpaceSaving, merge_space_saving
 
         if len(state.parts) < 2:
             return

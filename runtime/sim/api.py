@@ -2,7 +2,7 @@
 ``SimEngine``: the simulator as a ``runtime.engine.Engine``.
 
 ``simulate`` writes no files (``SimResult.write(out_dir)`` does that through
-``runtime.report.write_run``); input files are read. ``SimEngine.run``
+``runtime.reporting.report.write_run``); input files are read. ``SimEngine.run``
 simulates and writes the outputs, as the entry points do.
 """
 
@@ -20,7 +20,8 @@ from typing import Any
 import pandas as pd
 import pyarrow as pa
 
-from runtime.report import write_run
+from runtime.reporting import report as reporting
+from runtime.reporting.report import write_run
 from runtime.sim.engine import (
     DEFAULT_ACK_DELAY_MS,
     SHARD_BLOCK_ROWS,
@@ -29,7 +30,7 @@ from runtime.sim.engine import (
     SimParams,
 )
 from runtime.sim.inputs import SimInput, load_input
-from runtime.sim.summary import build_report, result_table, timeseries
+from runtime.sim.summary import measurements, result_table
 from runtime.topology import Topology, TopologyError, load_topology
 
 
@@ -107,8 +108,9 @@ def simulate(
         raise TopologyError(f"grouping: {e}") from None
     er = engine.run()
     t_engine = time.perf_counter() - t0 - t_input
-    ts = timeseries(er)
-    report = build_report(topo, er)
+    m = measurements(er)
+    ts = reporting.timeseries(m.series)
+    report: dict[str, Any] = dict(reporting.build_report(topo, m))
     result = result_table(topo, inp, er)
     wall = time.perf_counter() - t0
     report["input"] = inp.description

@@ -43,7 +43,7 @@ granularity; no I/O, no wall clock, no Ray.
   from its arrival until its last message finishes and the queue capacity is
   ``min(workers.queue_batches, sources * run.max_inflight)`` batches (the most
   that can ever be queued). Load signals: each worker keeps one
-  ``runtime.signals.LoadSignaler`` per source (configured from the grouping's
+  ``runtime.grouping.signals.LoadSignaler`` per source (configured from the grouping's
   ``busy_above`` / ``idle_below`` / ``slot_s``, e.g. CG), fed ``U_w`` at every
   change and asked ``take_signal`` when a batch of that source finishes, so
   each source gets at most one signal per slot from each worker (simulated
@@ -67,8 +67,8 @@ import numpy as np
 
 from runtime.grouping import SCHEMES, Grouping, make_grouping
 from runtime.grouping.acg import FIRST_PLAN_S
-from runtime.input_check import SHARD_BLOCK_ROWS
-from runtime.signals import LoadSignaler
+from runtime.grouping.signals import LoadSignaler
+from runtime.inputs.input_check import SHARD_BLOCK_ROWS
 from runtime.sim import kernels
 
 #: default delay between a sub-batch's last finish and its ack at the source

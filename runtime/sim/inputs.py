@@ -1,7 +1,7 @@
 """The simulator's input: a message stream as dense key ids plus a key table.
 
 - Generated formats (``zipf``, ``evolving-zipf``) use the very functions of
-  ``runtime.generators`` that Spark runs, so both engines see the same
+  ``runtime.inputs.generators`` that Spark runs, so both engines see the same
   stream, message for message (``generate`` = ``key_ids`` + ``k<id>``
   strings; only the distinct keys are turned into strings and hashed here).
 - File formats (parquet, csv, json = newline-delimited JSON) are read with
@@ -9,7 +9,7 @@
   reads the same files through Spark (RayDP); row order is the file's order.
   ``input.limit`` keeps the first rows; ``input.key`` names the routing key.
 
-Keys are strings, as in the real runtime (``runtime.input_check``): a
+Keys are strings, as in the real runtime (``runtime.inputs.input_check``): a
 non-string key column is converted the way Spark's ``CAST(key AS STRING)``
 prints it, CSV is read as text (``"007"`` stays ``"007"``, an empty field is
 null), and the string is hashed with Murmur3 (null = ``NULL_HASH``, one key),
@@ -25,9 +25,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from runtime import generators
 from runtime.hashing import hash_keys
-from runtime.input_check import (
+from runtime.inputs import generators
+from runtime.inputs.input_check import (
     no_column,
     no_rows,
     open_dataset,
@@ -138,7 +138,7 @@ def _string_keys(col: pa.ChunkedArray) -> tuple[np.ndarray, pa.Array, np.ndarray
     """Key column -> (ids, distinct keys as Spark prints them, their hashes).
 
     A non-string column is converted like Spark's ``CAST(key AS STRING)``
-    (``runtime.input_check.spark_strings``), then hashed as that string, so a
+    (``runtime.inputs.input_check.spark_strings``), then hashed as that string, so a
     key routes exactly as in the real runtime; nulls are one key (NULL_HASH).
     """
     ids, values = _encode(col)
@@ -152,7 +152,7 @@ def _string_keys(col: pa.ChunkedArray) -> tuple[np.ndarray, pa.Array, np.ndarray
 
 def file_input(topo: Topology, *, with_labels: bool) -> SimInput:
     """An input file read with pyarrow, with the real runtime's conventions
-    (``runtime.input_check``): CSV as text, keys as Spark prints them, null
+    (``runtime.inputs.input_check``): CSV as text, keys as Spark prints them, null
     keys one key, naive-bayes rows without an integer label dropped."""
     spec = topo.input
     fmt = spec.format

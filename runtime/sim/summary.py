@@ -1,9 +1,9 @@
 """The simulator's side of the run report: an ``EngineResult`` gathered into
-``runtime.report.RunMeasurements``, the engine-neutral input of the one
+``runtime.reporting.report.RunMeasurements``, the engine-neutral input of the one
 report builder, and the application's result.
 
 What the simulator measures for the shared definitions
-(``runtime.report.DEFINITIONS``): queue lengths, busy time and capacities
+(``runtime.reporting.report.DEFINITIONS``): queue lengths, busy time and capacities
 time-averaged over each ``run.slot_s`` slot; ``U_w`` = mean queue length in
 batches / queue capacity (``min(workers.queue_batches, sources *
 max_inflight)``); latency exact over every message for the report, per slot
@@ -15,14 +15,11 @@ counts (the report says ``null``); the Ray engine has no ack delay to model.
 
 from __future__ import annotations
 
-from typing import Any
-
 import numpy as np
-import pandas as pd
 import pyarrow as pa
 
-from runtime import metrics, report
 from runtime.operators import AggregatorApp, WorkerApp, operator_for_app
+from runtime.reporting import metrics, report
 from runtime.sim.engine import EngineResult
 from runtime.sim.inputs import SimInput
 from runtime.sim.kernels import hist_percentiles
@@ -62,11 +59,6 @@ def slot_series(er: EngineResult) -> report.SlotSeries:
         slot_s=p.slot_s, finished=er.lat_hist.sum(axis=1), queue_msgs=er.queue_msgs,
         utilization=utilization(er), capacity=er.capacity, busy=er.busy, vw=er.vw,
         latency_p50_ms=pct[:, 0], latency_p99_ms=pct[:, 1])
-
-
-def timeseries(er: EngineResult) -> pd.DataFrame:
-    """``timeseries.csv``'s frame (``runtime.report.timeseries``)."""
-    return report.timeseries(slot_series(er))
 
 
 def mean_capacity(er: EngineResult) -> np.ndarray:
@@ -116,8 +108,3 @@ def measurements(er: EngineResult) -> report.RunMeasurements:
         in_flight_at_end=er.inflight_at_end,
         ack_delay_ms=p.ack_delay_s * 1e3,
     )
-
-
-def build_report(topo: Topology, er: EngineResult) -> dict[str, Any]:
-    """``report.json`` (``runtime.report.build_report``), without ``result``."""
-    return dict(report.build_report(topo, measurements(er)))

@@ -124,7 +124,7 @@ def preflight(topo: Topology) -> None:
     are those of the first block.
     """
     if topo.input.generated:
-        from runtime.generators import GENERATED_COLUMNS
+        from runtime.inputs.generators import GENERATED_COLUMNS
 
         for field, col in topo.app_input_columns():
             if col not in GENERATED_COLUMNS:
@@ -256,7 +256,7 @@ def spark_longs(values: pa.Array) -> pa.Array:
 # --------------------------------------------------------------------------- the app
 
 
-#: Arrow types of the generated streams' columns (``runtime.generators``)
+#: Arrow types of the generated streams' columns (``runtime.inputs.generators``)
 _GENERATED_TYPES = {"ts": pa.int64(), "label": pa.int64(), "value": pa.int64(),
                     "amount": pa.float64()}
 

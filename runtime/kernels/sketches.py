@@ -46,7 +46,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from runtime.hashing import mix64_scalar
-from runtime.jit import kernel
+from runtime.kernels.jit import kernel
 
 EMPTY = -1
 

@@ -43,8 +43,8 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from runtime import metrics
 from runtime.grouping.acg import coordinator_report
+from runtime.reporting import metrics
 from runtime.topology import Topology
 
 #: the keys DESIGN.md requires in every ``report.json``
@@ -449,7 +449,7 @@ def write_run(
         timeseries.to_csv(stage / "timeseries.csv", index=False)
         (stage / "report.json").write_text(json.dumps(report, indent=2) + "\n")
         if plot:
-            from runtime.plots import plot_run
+            from runtime.reporting.plots import plot_run
 
             plot_run(report, timeseries, stage / "report.png")
         if out.exists() and any(out.iterdir()):

@@ -1,0 +1,3 @@
+"""Inputs: deterministic generated streams and the checks run on input files
+before anything starts.
+"""
