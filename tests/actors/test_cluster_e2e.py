@@ -30,7 +30,7 @@ import pytest
 
 pytestmark = pytest.mark.e2e
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 TOPOLOGY = "topologies/cluster-hetero.yaml"
 MESSAGES = 60_000
 

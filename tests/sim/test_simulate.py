@@ -22,7 +22,7 @@ from runtime.sim import SimResult, simulate
 from runtime.sim.engine import Engine, SimParams, shard_order
 from runtime.simulate import main as simulate_main
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 PY = sys.executable
 
 

@@ -291,7 +291,7 @@ def test_a_dead_drivers_leftover_processes_are_stopped(tmp_path) -> None:
             "print(c.pid, flush=True)\n"
             "time.sleep(120)\n")
     driver = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True,
-                              cwd=str(Path(__file__).resolve().parent.parent))
+                              cwd=str(Path(__file__).resolve().parents[2]))
     try:
         orphan = int(driver.stdout.readline())  # type: ignore[union-attr]
         assert ck.recorded_driver(tmp_path) == driver.pid  # alive: a resume must refuse
