@@ -685,6 +685,9 @@ class WorkerActor:
 
         self._ray = ray
         self._agg = aggregator
+        #: why this worker cannot go on (its processing thread died, or the
+        #: operator failed merging a flush); every call raises it from then on
+        self._crash: BaseException | None = None
         self._commits: queue.Queue[tuple[int, Any] | None] = queue.Queue()
         self._inflight_commits = 0
         self._commit_lock = threading.Condition()
@@ -753,6 +756,10 @@ class WorkerActor:
         with self._commit_lock:
             self._commit_lock.wait_for(lambda: self._inflight_commits == 0, timeout)
 
+    def _raise_if_crashed(self) -> None:
+        if self._crash is not None:
+            raise self._crash
+
     def pid(self) -> int:
         return os.getpid()
 
@@ -760,9 +767,7 @@ class WorkerActor:
         return self._ray.get_runtime_context().get_node_id()
 
     def process(self, source: int, parts: list[Part]) -> dict[str, Any]:
-        crash = getattr(self, "_crash", None)
-        if crash is not None:
-            raise crash
+        self._raise_if_crashed()
         ack = self.core.submit(source, parts)
         if self._telemetry is not None:
             self._telemetry.batch_done(ack)
@@ -776,9 +781,7 @@ class WorkerActor:
 
     def commit_now(self, timeout: float = 30.0) -> int:
         """Flush what is open and wait for the aggregator; the committed sequence."""
-        crash = getattr(self, "_crash", None)
-        if crash is not None:
-            raise crash
+        self._raise_if_crashed()
         return self.core.wait_committed(self.core.flush_now(), timeout)
 
     def peak_rss_mb(self) -> float | None:
@@ -803,9 +806,7 @@ class WorkerActor:
         self._thread.join(timeout=30)
         if self._telemetry is not None:
             self._telemetry.stop()  # one last update with everything processed
-        crash = getattr(self, "_crash", None)
-        if crash is not None:
-            raise crash
+        self._raise_if_crashed()
         stats = self.core.finish()
         self._wait_commits()
         stats["committed_seq"] = self.core.claims.committed_seq
