@@ -47,6 +47,20 @@ def ray_spark():
         ray.shutdown()
 
 
+#: modules that start a multi-node Ray cluster of their own and kill a node of
+#: it run first, before the session's ``ray_spark`` cluster and its Spark JVMs
+#: exist. The raylet-kill test failed 3 times (stop 17's CI and twice on
+#: 2026-11-24), each time with that second cluster alive beside it on the 2-core
+#: box; where the message was kept, the stream had ended exact, then Spark lost
+#: its executor and ``--verify``'s job never ended. Run first, it passed 6 times
+#: in 6. The cause is not known (docs/cluster.md).
+OWN_CLUSTER_FIRST = frozenset({"test_cluster_e2e.py"})
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    items.sort(key=lambda item: item.path.name not in OWN_CLUSTER_FIRST)  # stable: order kept
+
+
 class FakeTime:
     """A fake clock: time passes only when someone sleeps.
 
