@@ -378,11 +378,11 @@ class RunSpec(_Strict):
     #: that wait for a free in-flight slot are coalesced into one call up to it
     call_messages: PosInt = 8192
     #: a source holds a worker's routed messages back up to this long to fill
-    #: one call (to ``call_messages``, or half its memory bound), so calls
-    #: carry more than one micro-batch; 0 (default) sends as soon as a window
-    #: is open. 10 moves 2-3x more with no emulated work, but cost 5 points of
-    #: capacity efficiency on topologies/demo.yaml (docs/benchmarks.md)
-    linger_ms: NonNegFloat = 0.0
+    #: one call (to ``call_messages``, ``CALL_S`` of the worker's measured work,
+    #: or half its memory bound), so calls carry more than one micro-batch;
+    #: 0 sends as soon as a window is open. 10 (default) moves 2.5-3x more
+    #: with no emulated work (docs/benchmarks.md)
+    linger_ms: NonNegFloat = 10.0
     #: worker utilization time slot (s) for load signals and time series
     slot_s: Annotated[float, Field(gt=0)] = 0.5
     #: live stream: stop after this many seconds without new data

@@ -50,6 +50,8 @@ class DrainRates:
         self.call_s = float(call_s)
         self.tau_s = float(tau_s)
         self.rate = np.zeros(int(n_workers), dtype=np.float64)  # 0: not measured
+        #: whether any call to the worker was acknowledged yet
+        self.measured = np.zeros(int(n_workers), dtype=bool)
         self._last_ack = np.full(int(n_workers), -math.inf)
 
     def acked(self, worker: int, n: int, sent_at: float, now: float) -> None:
@@ -58,6 +60,8 @@ class DrainRates:
         start = max(float(sent_at), self._last_ack[w])
         self._last_ack[w] = max(self._last_ack[w], float(now))
         dt = float(now) - start
+        if n > 0:
+            self.measured[w] = True
         if n <= 0 or dt <= 0:
             return
         sample = n / dt
@@ -69,12 +73,18 @@ class DrainRates:
     def forget(self, worker: int) -> None:
         """``worker`` left: a worker that joins with its id starts unmeasured."""
         self.rate[int(worker)] = 0.0
+        self.measured[int(worker)] = False
         self._last_ack[int(worker)] = -math.inf
 
     def call_cap(self, worker: int, call_messages: int) -> int:
         """Most messages in one call to ``worker``: ``call_s`` of work, at most
-        ``call_messages`` (a call always takes at least one queued sub-batch)."""
+        ``call_messages`` (a call always takes at least one queued sub-batch).
+        Until a call to the worker was acknowledged, 1: one sub-batch per
+        call, sent at once - a slow worker's first call must not carry seconds
+        of its work (at startup it would hold the sources behind it)."""
+        if not self.measured[int(worker)]:
+            return 1
         r = self.rate[int(worker)]
-        if r <= 0:
+        if r <= 0:  # acknowledged in no measurable time
             return int(call_messages)
         return int(min(call_messages, max(1.0, r * self.call_s)))

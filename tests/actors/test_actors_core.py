@@ -413,20 +413,24 @@ def _calls_of(linger_s: float, rate: float = 0.0) -> tuple[list[tuple[float, int
 def test_lingering_outboxes_fill_calls_across_micro_batches() -> None:
     """Routing as fast as it can, a source holds a worker's sub-batches back
     until they fill half the memory bound ((2 + 2) x 100 / 2 = 200 messages):
-    calls carry four micro-batches' shares instead of one, and the count is exact."""
+    calls carry four micro-batches' shares instead of one, and the count is
+    exact. A worker's first call (no ack seen yet) is one share, sent at once."""
     eager, eager_stats, _ = _calls_of(0.0)
     filled, stats, _ = _calls_of(0.005)
     assert [n for _, n, _ in eager] == [50] * 120  # the windows were never full
-    assert [n for _, n, _ in filled] == [200] * 30
-    assert stats["calls"] == 30 and eager_stats["calls"] == 120
+    # 3,000 per worker: 50 first, then 14 full calls, and the 150 left at the end
+    assert [n for _, n, _ in filled] == [50, 50] + [200] * 28 + [150, 150]
+    assert stats["calls"] == 32 and eager_stats["calls"] == 120
 
 
 def test_a_paced_source_sends_a_lingering_outbox_when_it_is_due() -> None:
     """Paced at 1,000 msgs/s (a batch every 0.1 s), nothing fills a call: every
-    call leaves exactly ``linger_s`` after its micro-batch was due."""
+    call leaves exactly ``linger_s`` after its micro-batch was due - but a
+    worker's first, which goes at once (no ack seen yet)."""
     calls, stats, _ = _calls_of(0.005, rate=1_000.0)
     assert stats["calls"] == len(calls) == 120
-    for sent, n, emit in calls:
+    assert [sent - emit for sent, _, emit in calls[:2]] == [0.0, 0.0]
+    for sent, n, emit in calls[2:]:
         assert n == 50 and sent - emit == pytest.approx(0.005, abs=1e-9)
 
 

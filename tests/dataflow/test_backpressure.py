@@ -10,9 +10,11 @@ from runtime.dataflow.backpressure import CALL_S, DrainRates
 from runtime.grouping import make_grouping
 
 
-def test_unmeasured_workers_get_call_messages():
+def test_unmeasured_workers_get_one_sub_batch_per_call():
+    """Until its first ack, a worker's call is one sub-batch, sent at once: a
+    slow worker's first call must not carry seconds of its work."""
     d = DrainRates(3)
-    assert d.call_cap(1, 8192) == 8192
+    assert d.call_cap(1, 8192) == 1
 
 
 def test_first_call_sets_the_rate_from_send_to_ack():
@@ -21,7 +23,7 @@ def test_first_call_sets_the_rate_from_send_to_ack():
     assert d.rate[0] == pytest.approx(1000.0)
     assert d.rate[1] == 0.0
     assert d.call_cap(0, 8192) == int(1000 * CALL_S)  # 0.1 s of work at 1,000/s
-    assert d.call_cap(1, 8192) == 8192
+    assert d.call_cap(1, 8192) == 1
 
 
 def test_a_call_queued_behind_another_is_timed_from_the_previous_ack():
@@ -57,7 +59,7 @@ def test_empty_or_instant_acks_change_nothing_and_forget_resets():
     assert d.rate[0] > 0
     d.forget(0)
     assert d.rate[0] == 0.0
-    assert d.call_cap(0, 100) == 100
+    assert d.call_cap(0, 100) == 1
     d.acked(0, 10, sent_at=0.0, now=0.5)  # the old last-ack time is gone too
     assert d.rate[0] == pytest.approx(20.0)
 
