@@ -18,7 +18,11 @@ Keys are strings ``k<id>`` (the original key of the result table).
 
 from __future__ import annotations
 
+import functools
+from typing import Any
+
 import numpy as np
+import pyarrow as pa
 
 from runtime.hashing import choice
 
@@ -68,6 +72,14 @@ def key_strings(ids: np.ndarray) -> np.ndarray:
     return np.array([f"k{i}" for i in ids.tolist()], dtype=object)
 
 
+@functools.lru_cache(maxsize=4)
+def key_names(n_keys: int) -> pa.Array:
+    """Every key's string, ``k0`` .. ``k<n_keys - 1>``, as one Arrow array: a
+    stream's key column is ``key_names(n).take(ids)`` (equal to
+    ``key_strings(ids)``, without a Python string per message)."""
+    return pa.array(key_strings(np.arange(int(n_keys))), type=pa.string())
+
+
 def labels(ids: np.ndarray, idx_start: int, *, classes: int, seed: int = 0) -> np.ndarray:
     """A class per message: the key's own class 80% of the time, else uniform."""
     idx = np.arange(idx_start, idx_start + len(ids), dtype=np.int64)
@@ -91,13 +103,14 @@ def payload(name: str, start: int, count: int, seed: int = 0) -> np.ndarray:
 
 def generate(
     start: int, count: int, spec: dict, *, with_labels: bool = False,
-    columns: tuple[str, ...] = (),
-) -> dict[str, np.ndarray]:
+    columns: tuple[str, ...] = (), arrow_keys: bool = False,
+) -> dict[str, Any]:
     """Columns of messages ``start..start+count-1`` for a generator spec.
 
     ``spec`` holds the topology's input fields (format, keys, skew, seed,
     shift_every, classes). Returns ``{"key": object[str], "ts": int64}``,
-    ``"label"`` when asked (``with_labels``) and the payload ``columns``.
+    ``"label"`` when asked (``with_labels``) and the payload ``columns``;
+    ``arrow_keys``: the keys as an Arrow string array (``key_names``).
     """
     shift = spec.get("shift_every") if spec.get("format") == "evolving-zipf" else None
     seed = int(spec.get("seed", 0))
@@ -105,7 +118,8 @@ def generate(
         start, count, n_keys=int(spec["keys"]), skew=float(spec["skew"]),
         seed=seed, shift_every=shift,
     )
-    out = {"ts": np.arange(start, start + count, dtype=np.int64), "key": key_strings(ids)}
+    keys = key_names(int(spec["keys"])).take(pa.array(ids)) if arrow_keys else key_strings(ids)
+    out = {"ts": np.arange(start, start + count, dtype=np.int64), "key": keys}
     if with_labels or "label" in columns:
         out["label"] = labels(ids, start, classes=int(spec.get("classes", 2)), seed=seed)
     for name in columns:

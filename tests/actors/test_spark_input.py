@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
@@ -16,6 +17,8 @@ from runtime.dataflow.reliability import Part
 from runtime.inputs.generators import generate
 from runtime.operators import AggregatorApp, WorkerApp, builtin_operator, sort_result
 from runtime.topology import TopologyError, load_topology
+
+ROOT = Path(__file__).resolve().parents[2]
 
 pytestmark = pytest.mark.e2e
 
@@ -60,6 +63,23 @@ def test_generated_stream_by_spark_equals_numpy(ray_spark, fmt) -> None:
     assert got.column("key").to_pylist() == want["key"].tolist()
     assert got.column("label").to_numpy().tolist() == want["label"].tolist()
     assert got.schema.field("label").type == pa.int64()
+
+
+def test_generated_payload_columns_equal_numpy_with_nan_as_null(ray_spark) -> None:
+    """Spark's executor builds the batches as Arrow (``mapInArrow``): the
+    payload columns equal the numpy stream's, ``amount``'s NaN a null."""
+    spec = {"format": "zipf", "messages": 20_000, "keys": 300, "skew": 1.0, "seed": 3}
+    op = str(ROOT / "examples" / "operators" / "topk.py") + ":TopK"
+    topo = _topo(spec, "operator", operator=op, columns=["value", "amount"])
+    df = build_dataframe(ray_spark, topo)
+    assert df.columns == ["key", "value", "amount"]
+    got = _collect(df)
+    want = generate(0, 20_000, spec, columns=("value", "amount"))
+    assert got.column("key").to_pylist() == want["key"].tolist()
+    assert got.column("value").to_pylist() == want["value"].tolist()
+    amount = want["amount"]
+    assert got.column("amount").null_count == int(np.isnan(amount).sum()) > 0
+    assert got.column("amount").to_pylist() == [None if np.isnan(a) else a for a in amount]
 
 
 def test_generated_limit_and_wordcount_columns(ray_spark) -> None:
