@@ -5,14 +5,18 @@ FIFO of routed sub-batches (``Entry``) and the calls sent but not yet
 acknowledged. A worker gets at most ``max_inflight`` calls in flight; one call
 takes every sub-batch its outbox holds, up to ``call_messages`` messages and
 ``CALL_S`` of the worker's measured work (``runtime.dataflow.backpressure``), always at
-least one sub-batch. Unless forced, an outbox below its fill target (the call
-cap, or half the memory bound, whichever is lower) lingers up to ``linger_s``
-to fill its call: fewer, larger calls while the windows are open.
+least one sub-batch - and until the worker answered a first call, exactly one
+(``DrainRates.call_cap``). Unless forced, an outbox below its fill target (the
+call cap, or half the memory bound, whichever is lower) lingers up to
+``linger_s`` to fill its call: fewer, larger calls while the windows are open.
 
-The memory bound: a worker holding more than ``(max_inflight + outbox_batches)``
-batches' worth of messages unacknowledged (queued or in flight) must block its
-source (``over_bound``) - counted in messages of the largest batch seen, so a
-worker sent small sub-batches (few VWs) does not block the source early.
+The memory bound: a worker holding more than its bound of messages
+unacknowledged (queued or in flight) must block its source (``over_bound``).
+The bound is ``max_inflight + outbox_batches`` batches - counted in messages
+of the largest batch seen, so a worker sent small sub-batches (few VWs) does
+not block the source early - or as many full calls when those are larger (a
+worker that drains fast: its calls carry many micro-batches, and what it holds
+is still ``(max_inflight + outbox_batches) x CALL_S`` of its work at most).
 """
 
 from __future__ import annotations
@@ -77,10 +81,20 @@ class Outboxes:
         """Per worker: messages unacknowledged, queued or in flight."""
         return self.queued_n + self.inflight_n
 
+    def bounds(self) -> np.ndarray:
+        """Per worker, the memory bound in messages: ``max_inflight +
+        outbox_batches`` batches, or as many full calls (``call_cap``: at most
+        ``CALL_S`` of the worker's measured work) when that is more - a worker
+        that drains fast gets calls of many batches, while what it holds stays
+        within a fraction of a second of its work."""
+        slots = self.max_inflight + self.outbox_batches
+        caps = np.array([self.drain_rates.call_cap(w, self.call_messages)
+                         for w in range(len(self.queues))], dtype=np.int64)
+        return np.maximum(slots * self.batch_rows, slots * caps)
+
     def over_bound(self) -> bool:
-        """Some worker holds more than the memory bound: the source must block."""
-        bound = (self.max_inflight + self.outbox_batches) * self.batch_rows
-        return bool((self.held_n() > bound).any())
+        """Some worker holds more than its memory bound: the source must block."""
+        return bool((self.held_n() > self.bounds()).any())
 
     def busy(self) -> bool:
         """Anything queued or in flight."""
@@ -92,10 +106,10 @@ class Outboxes:
         ``force``, an outbox below its fill target waits until it has lingered
         ``linger_s``."""
         now = self.clock()
-        fill = (self.max_inflight + self.outbox_batches) * self.batch_rows // 2
+        fills = self.bounds() // 2
         for w, q in enumerate(self.queues):
             cap = self.drain_rates.call_cap(w, self.call_messages)
-            if (q and not force and self.queued_n[w] < min(cap, fill)
+            if (q and not force and self.queued_n[w] < min(cap, fills[w])
                     and now - self.queued_at[w] < self.linger_s):
                 continue
             while q and self.calls_per_worker[w] < self.max_inflight:

@@ -394,7 +394,7 @@ def _calls_of(linger_s: float, rate: float = 0.0) -> tuple[list[tuple[float, int
 
     transport.send = recording_send
     src = SourceCore(0, make_grouping("sg", 2, seed=0), transport, n_workers=2,
-                     max_inflight=2, linger_s=linger_s, rate_per_source=rate,
+                     max_inflight=2, linger_s=linger_s, rate_per_source=rate, call_messages=200,
                      clock=ft.clock, sleep=ft.sleep, t0=ft.t)
     keys = [f"k{i % 37}" for i in range(100)]
     stats = src.run([pa.table({"key": keys}) for _ in range(60)])  # 50 per worker and batch
@@ -412,7 +412,8 @@ def _calls_of(linger_s: float, rate: float = 0.0) -> tuple[list[tuple[float, int
 
 def test_lingering_outboxes_fill_calls_across_micro_batches() -> None:
     """Routing as fast as it can, a source holds a worker's sub-batches back
-    until they fill half the memory bound ((2 + 2) x 100 / 2 = 200 messages):
+    until they fill a call (``call_messages`` = 200; the acks take no time,
+    so that is the cap):
     calls carry four micro-batches' shares instead of one, and the count is
     exact. A worker's first call (no ack seen yet) is one share, sent at once."""
     eager, eager_stats, _ = _calls_of(0.0)

@@ -110,3 +110,19 @@ def test_a_slow_workers_calls_hold_call_s_of_its_work():
     late = tr.sizes[1][len(tr.sizes[1]) // 2:]
     assert max(late) <= served[1] * CALL_S * 1.05 + 50  # + one sub-batch
     assert max(tr.sizes[0]) > 3 * max(late)
+
+
+def test_the_memory_bound_is_in_calls_of_the_workers_own_work():
+    """Per worker, the bound is ``max_inflight + outbox`` batches, or as many
+    full calls when the worker drains fast enough for calls to be larger: a
+    fast worker gets calls of many micro-batches, a slow one keeps the batch
+    bound (what it holds stays a fraction of a second of its work)."""
+    from actors.outbox import Outboxes
+
+    o = Outboxes(3, max_inflight=2, outbox_batches=2, call_messages=8192, linger_s=0.0,
+                 clock=lambda: 0.0)
+    o.saw_batch(1000)
+    o.drain_rates.acked(0, 5000, sent_at=0.0, now=0.01)  # 500,000/s: cap 8,192
+    o.drain_rates.acked(1, 100, sent_at=0.0, now=0.1)  # 1,000/s: cap 100
+    # worker 2 never answered: one sub-batch per call, the batch bound
+    assert o.bounds().tolist() == [4 * 8192, 4 * 1000, 4 * 1000]
