@@ -203,6 +203,7 @@ class Entry:
     flush_seq: int | None = None  # set by the ack: the worker flush that holds it
     replay: bool = False  # re-routed after a worker death (or rebuilt by a resume)
     vws: np.ndarray | None = None  # each message's virtual worker (coordinated schemes)
+    held_bytes: int = 0  # ``nbytes`` when a ReplayLog took it (computed once)
 
     def subset(self, sel: np.ndarray, worker: int | None = None) -> Entry:
         """The messages at positions ``sel`` as a new entry (for ``worker``)."""
@@ -256,7 +257,8 @@ class ReplayLog:
             self._batches = collections.deque(sorted({*self._batches, entry.batch}))
         self._per_batch[entry.batch] += 1
         self._messages += len(entry.idx)
-        self._bytes += entry.nbytes
+        entry.held_bytes = entry.nbytes
+        self._bytes += entry.held_bytes
         return entry
 
     def _drop(self, entry: Entry) -> None:
@@ -265,7 +267,7 @@ class ReplayLog:
         if self._per_batch[entry.batch] == 0:
             del self._per_batch[entry.batch]
         self._messages -= len(entry.idx)
-        self._bytes -= entry.nbytes
+        self._bytes -= entry.held_bytes
 
     def acked(self, entry: Entry, flush_seq: int, committed_seq: int) -> None:
         """``entry`` was processed into ``flush_seq``; ``committed_seq`` is the

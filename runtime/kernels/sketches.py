@@ -596,3 +596,27 @@ class LossyCounting:
         k, f = k[keep], f[keep]
         order = np.lexsort((k, -f))
         return k[order], f[order]
+
+
+@kernel()
+def set_insert(table: np.ndarray, values: np.ndarray) -> int:  # pragma: no cover - numba
+    """Insert ``values`` into ``table``, an open-addressing set of uint64 with
+    linear probing (0 marks an empty slot: zeros are skipped; ``len(table)`` a
+    power of two, kept at most half full by the caller). Returns how many were
+    new."""
+    mask = np.uint64(len(table) - 1)
+    new = 0
+    for v in values:
+        if v == 0:
+            continue
+        i = v & mask
+        while True:
+            t = table[i]
+            if t == v:
+                break
+            if t == 0:
+                table[i] = v
+                new += 1
+                break
+            i = (i + np.uint64(1)) & mask
+    return new

@@ -12,34 +12,37 @@ from collections.abc import Sequence
 
 import numpy as np
 
-#: distinct key hashes are merged once this many are buffered
-_DISTINCT_BUFFER = 262_144
+from runtime.kernels.sketches import set_insert
 
 
 class DistinctKeys:
     """The distinct keys a worker has held, counted from the keys' 64-bit
     hashes (the sources compute them once; a collision between two keys is
-    negligible below billions of keys): what replication is computed from."""
+    negligible below billions of keys): what replication is computed from.
 
-    def __init__(self) -> None:
-        self._seen = np.zeros(0, dtype=np.uint64)
-        self._buffer: list[np.ndarray] = []
-        self._buffered = 0
+    An open-addressing hash set of the hashes (``runtime.kernels.sketches.
+    set_insert``): O(1) per message, where sorting a buffer of them with
+    ``np.unique`` took a quarter of a worker's CPU at 250k msgs/s (py-spy)."""
+
+    def __init__(self, capacity: int = 1024) -> None:
+        self._table = np.zeros(max(16, 1 << (int(capacity) - 1).bit_length()), dtype=np.uint64)
+        self._size = 0
+        self._has_zero = False  # the table's empty marker is 0: that hash is kept apart
 
     def add(self, hashes: np.ndarray) -> None:
-        self._buffer.append(np.asarray(hashes, dtype=np.uint64))
-        self._buffered += len(hashes)
-        if self._buffered > _DISTINCT_BUFFER:
-            self._merge()
-
-    def _merge(self) -> None:
-        if self._buffer:
-            self._seen = np.unique(np.concatenate([self._seen, *self._buffer]))
-            self._buffer, self._buffered = [], 0
+        h = np.ascontiguousarray(hashes, dtype=np.uint64)
+        if not len(h):
+            return
+        while 2 * (self._size + len(h)) > len(self._table):  # load <= 1/2 whatever comes
+            old = self._table[self._table != 0]
+            self._table = np.zeros(2 * len(self._table), dtype=np.uint64)
+            self._size = set_insert(self._table, old)
+        self._size += set_insert(self._table, h)
+        if not self._has_zero and bool((h == 0).any()):
+            self._has_zero = True
 
     def __len__(self) -> int:
-        self._merge()
-        return len(self._seen)
+        return self._size + int(self._has_zero)
 
 
 def latency_summary_ms(latencies_s: np.ndarray | Sequence[float]) -> dict[str, float]:
