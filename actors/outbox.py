@@ -81,15 +81,16 @@ class Outboxes:
         """Per worker: messages unacknowledged, queued or in flight."""
         return self.queued_n + self.inflight_n
 
-    def bounds(self) -> np.ndarray:
+    def bounds(self, caps: np.ndarray | None = None) -> np.ndarray:
         """Per worker, the memory bound in messages: ``max_inflight +
-        outbox_batches`` batches, or as many full calls (``call_cap``: at most
-        ``CALL_S`` of the worker's measured work) when that is more - a worker
-        that drains fast gets calls of many batches, while what it holds stays
-        within a fraction of a second of its work."""
+        outbox_batches`` batches, or as many full calls (``caps``, default
+        ``DrainRates.call_caps``: at most ``CALL_S`` of the worker's measured
+        work) when that is more - a worker that drains fast gets calls of many
+        batches, while what it holds stays within a fraction of a second of
+        its work."""
+        if caps is None:
+            caps = self.drain_rates.call_caps(self.call_messages)
         slots = self.max_inflight + self.outbox_batches
-        caps = np.array([self.drain_rates.call_cap(w, self.call_messages)
-                         for w in range(len(self.queues))], dtype=np.int64)
         return np.maximum(slots * self.batch_rows, slots * caps)
 
     def over_bound(self) -> bool:
@@ -106,9 +107,10 @@ class Outboxes:
         ``force``, an outbox below its fill target waits until it has lingered
         ``linger_s``."""
         now = self.clock()
-        fills = self.bounds() // 2
+        caps = self.drain_rates.call_caps(self.call_messages)
+        fills = self.bounds(caps) // 2
         for w, q in enumerate(self.queues):
-            cap = self.drain_rates.call_cap(w, self.call_messages)
+            cap = int(caps[w])
             if (q and not force and self.queued_n[w] < min(cap, fills[w])
                     and now - self.queued_at[w] < self.linger_s):
                 continue

@@ -6,7 +6,7 @@
 2. ``build_dataframe(spark, topo)``: the topology's input as a Spark
    DataFrame with a ``key`` string column (and ``label`` int64 for
    naive-bayes). Files are read by Spark; generated streams are produced *by
-   Spark* (``spark.range`` + ``mapInPandas`` calling
+   Spark* (``spark.range`` + ``mapInArrow`` calling
    ``runtime.inputs.generators.generate``), equal message for message to the numpy
    stream the simulator sees.
 3. ``to_ray_shards(df, n_sources)``: ``ray.data.from_spark`` and one Ray
@@ -133,7 +133,7 @@ def start_spark(app_name: str = "hetero-stream", executor_memory: str = "1GB",
             "spark.ray.raydp_app_master.extraJavaOptions": JAVA17_OPTIONS,
             "spark.ui.showConsoleProgress": "false",
             "spark.ui.enabled": "false",
-            # mapInPandas/generators must run with this interpreter (our venv)
+            # mapInArrow/generators must run with this interpreter (our venv)
             "spark.pyspark.python": sys.executable,
             "spark.pyspark.driver.python": sys.executable,
             "spark.executorEnv.PYSPARK_PYTHON": sys.executable,

@@ -82,9 +82,12 @@ class DrainRates:
         Until a call to the worker was acknowledged, 1: one sub-batch per
         call, sent at once - a slow worker's first call must not carry seconds
         of its work (at startup it would hold the sources behind it)."""
-        if not self.measured[int(worker)]:
-            return 1
-        r = self.rate[int(worker)]
-        if r <= 0:  # acknowledged in no measurable time
-            return int(call_messages)
-        return int(min(call_messages, max(1.0, r * self.call_s)))
+        return int(self.call_caps(call_messages)[int(worker)])
+
+    def call_caps(self, call_messages: int) -> np.ndarray:
+        """``call_cap`` of every worker (int64)."""
+        caps = np.minimum(float(call_messages),
+                          np.maximum(1.0, self.rate * self.call_s)).astype(np.int64)
+        caps[self.rate <= 0] = int(call_messages)  # acknowledged in no measurable time
+        caps[~self.measured] = 1
+        return caps

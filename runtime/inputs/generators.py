@@ -1,7 +1,7 @@
 """Deterministic generated streams: message i is a pure function of (i, params).
 
 The same functions run in numpy (simulator, tests) and inside Spark
-(``mapInPandas`` over ``spark.range``), so both engines see the very same
+(``mapInArrow`` over ``spark.range``), so both engines see the very same
 stream, message for message, whatever the partitioning.
 
 - ``zipf``: key ranks drawn from Zipf(``skew``) over ``keys`` keys.
