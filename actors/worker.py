@@ -63,7 +63,7 @@ Clock = Callable[[], float]
 
 
 @dataclass
-class _Item:
+class QueuedCall:
     """One call's sub-batches (``Part``s), queued until processed together."""
 
     source: int
@@ -334,7 +334,7 @@ class WorkerCore:
         self.service = ServiceEmulator(service_us, scale, clock=clock, sleep=sleep,
                                        stopped_clock=stopped_clock)
         self.queue_batches = int(queue_batches)
-        self._queue: queue.Queue[_Item | None] = queue.Queue(maxsize=self.queue_batches)
+        self._queue: queue.Queue[QueuedCall | None] = queue.Queue(maxsize=self.queue_batches)
         #: why the processing thread died, if it did (then every batch fails fast)
         self._dead: BaseException | None = None
         #: guards ``load``, ``_signals`` and the totals (latency, processed, batches)
@@ -386,8 +386,10 @@ class WorkerCore:
         assert item.ack is not None
         return item.ack
 
-    def enqueue(self, source: int, parts: list[Part]) -> _Item:
-        item = _Item(int(source), list(parts), sum(len(p) for p in parts))
+    def enqueue(self, source: int, parts: list[Part]) -> QueuedCall:
+        """Queue one call's sub-batches (blocks while the queue is full); the
+        caller waits on the returned call's ``done`` for its ack."""
+        item = QueuedCall(int(source), list(parts), sum(len(p) for p in parts))
         if self._signals.wants(item.source):
             with self._lock:
                 self._signals.add(item.source, self.load.now(),
@@ -418,7 +420,7 @@ class WorkerCore:
         self.maybe_flush()
         return True
 
-    def _process(self, item: _Item) -> None:
+    def _process(self, item: QueuedCall) -> None:
         flush_seq = self.claims.open_seq
         if self._fenced(item):
             return
@@ -439,7 +441,7 @@ class WorkerCore:
         item.parts = []
         item.done.set()
 
-    def _fenced(self, item: _Item) -> bool:
+    def _fenced(self, item: QueuedCall) -> bool:
         """Whether ``item`` comes from a fenced-off (dead) source incarnation;
         if so it is answered as rejected, not processed."""
         if item.tag is None:
@@ -457,7 +459,7 @@ class WorkerCore:
             item.done.set()
             return True
 
-    def _apply(self, item: _Item, flush_seq: int) -> int | None:
+    def _apply(self, item: QueuedCall, flush_seq: int) -> int | None:
         """Add ``item`` to the app's state, except messages this worker already
         processed (same source, batch and index: a replay never counts twice
         here); the flush that holds it, or None if its source was fenced while
@@ -474,7 +476,7 @@ class WorkerCore:
                     flush_seq = self.claims.processed(p.tag)
         return flush_seq
 
-    def _ack(self, item: _Item, lat: np.ndarray, t_end: float, flush_seq: int) -> dict[str, Any]:
+    def _ack(self, item: QueuedCall, lat: np.ndarray, t_end: float, flush_seq: int) -> dict[str, Any]:
         signal = 0
         sig = self._signals.get(item.source)
         if sig is not None:
@@ -651,7 +653,7 @@ def _new_only(part: Part, claims: ClaimLog) -> Part:
     return part if keep is None else part.select(keep)
 
 
-def _latencies(item: _Item, finish: np.ndarray, t_end: float) -> np.ndarray:
+def _latencies(item: QueuedCall, finish: np.ndarray, t_end: float) -> np.ndarray:
     """Per message of ``item``: its finish time (``finish`` from the service
     emulator) - its emit time; app compute after the emulated service delays
     the whole batch, which ended at ``t_end``."""

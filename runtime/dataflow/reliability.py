@@ -456,9 +456,6 @@ class ClaimLog:
                 "watermark": self.watermarks.get(source, 0),
                 "committed_seq": self.committed_seq}
 
-    def claimed_messages(self) -> int:
-        return sum(len(c.idx) for v in self._claims.values() for cs in v.values() for c in cs)
-
 
 # ============================================================================ aggregator
 

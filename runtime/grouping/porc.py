@@ -220,11 +220,6 @@ class VirtualWorkerGrouping(Grouping):
         self._porc = PorcBins(self.n_virtual, eps)
         self._alive = set(range(self.n_workers))
 
-    @property
-    def vw_loads(self) -> np.ndarray:
-        """Messages routed to each VW (``int64[n_virtual]``)."""
-        return self._porc.loads
-
     def route_virtual(self, key_hashes: np.ndarray) -> np.ndarray:
         """Route a micro-batch to VWs (``int64``), updating the VW loads."""
         return self._porc.route(key_hashes, self._porc.bin_ids)

@@ -69,21 +69,6 @@ def imbalance_summary(utilization: np.ndarray) -> dict[str, float]:
     return {"mean": float(i.mean()) if i.size else 0.0, "max": float(i.max()) if i.size else 0.0}
 
 
-def normalized_count_imbalance(loads: np.ndarray) -> float:
-    """(max load - mean load) / total messages, for count-based simulations."""
-    loads = np.asarray(loads, dtype=np.float64)
-    total = loads.sum()
-    return float((loads.max() - loads.mean()) / total) if total else 0.0
-
-
 def replication(keys_per_worker: Sequence[int], distinct_keys: int) -> float:
     """Memory cost: sum of distinct keys held per worker / distinct keys (KG = 1)."""
     return float(sum(keys_per_worker)) / distinct_keys if distinct_keys else 0.0
-
-
-def key_worker_pairs(key_hashes: np.ndarray, workers: np.ndarray) -> np.ndarray:
-    """Distinct (key, worker) pairs as a structured array, for replication."""
-    pairs = np.empty(len(key_hashes), dtype=[("k", np.uint64), ("w", np.int32)])
-    pairs["k"] = key_hashes
-    pairs["w"] = workers
-    return np.unique(pairs)
