@@ -47,6 +47,18 @@ def placement_demands(topo: Topology) -> dict[str, dict[str, float]]:
     return {name: dict(res) for name, res in topo.placement.items()}
 
 
+def check_spark_fits(spark_cpus: float) -> None:
+    """Raise ``TopologyError`` if Spark's executors would hold every CPU of the
+    cluster: Ray Data's tasks that take Spark's output (``from_spark``) each
+    need one CPU, and would wait for one forever."""
+    total = float(ray.cluster_resources().get("CPU", 0.0))
+    if total - spark_cpus < 1:
+        raise TopologyError(
+            f"--spark-executors x --spark-executor-cores: Spark's executors would hold "
+            f"{spark_cpus:g} of the cluster's {total:g} CPUs, and loading the input takes "
+            f"Ray tasks of 1 CPU beside them (ask for at most {max(total - 1, 0):g})")
+
+
 def check_placement(topo: Topology, spark_cpus: float = 1.0) -> None:
     """Raise ``TopologyError`` if ``topo.placement`` can never be satisfied here."""
     demands = placement_demands(topo)

@@ -104,6 +104,7 @@ def engine_session(app_name: str, address: str | None = None, *,
                            _system_config=system_config or None)
         except ConnectionError as e:
             fail(f"--address: cannot attach to the Ray cluster at {address!r} ({e})")
+        cluster.check_spark_fits(sizing.cpus)
         if topo is not None:  # before anything else is printed: one line, exit 2
             cluster.check_placement(topo, spark_cpus=sizing.cpus)
         _announce(ctx)

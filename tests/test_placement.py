@@ -125,3 +125,38 @@ def test_run_cli_bad_spark_sizing_exits_2_with_one_line(args: list[str], needle:
     assert p.returncode == 2, (p.stdout, p.stderr)
     lines = p.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith(f"error: {needle}"), p.stderr
+
+
+@pytest.mark.parametrize("spark_cpus, total, fits", [(1, 2, True), (2, 2, False), (3, 2, False),
+                                                     (4, 8, True), (2, 2.5, False)])
+def test_spark_must_leave_a_cpu_for_the_input_tasks(monkeypatch, spark_cpus, total, fits) -> None:
+    import ray
+
+    from actors.cluster import check_spark_fits
+
+    monkeypatch.setattr(ray, "cluster_resources", lambda: {"CPU": float(total)})
+    if fits:
+        check_spark_fits(spark_cpus)
+    else:
+        with pytest.raises(TopologyError, match=r"^--spark-executors x --spark-executor-cores: "
+                                                rf"Spark's executors would hold {spark_cpus} of"):
+            check_spark_fits(spark_cpus)
+
+
+@pytest.mark.e2e
+def test_run_with_spark_holding_every_cpu_exits_2_instead_of_hanging(tmp_path) -> None:
+    """RayDP places the executor, then Ray Data's tasks that take Spark's output
+    wait for a CPU forever: the run is refused before Spark starts."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    out = tmp_path / "out"
+    p = subprocess.run([sys.executable, "-m", "runtime.run", "topologies/demo.yaml",
+                        "--spark-executor-cores", "64", "--out", str(out)],
+                       cwd=root, capture_output=True, text=True, timeout=300)
+    assert p.returncode == 2, (p.stdout, p.stderr)
+    errors = [ln for ln in p.stderr.splitlines() if ln.startswith("error: ")]
+    assert errors == [ln for ln in errors if "would hold 64 of the cluster's" in ln] != [], p.stderr
+    assert not out.exists()
