@@ -5,12 +5,14 @@ initialized Ray cluster with a RayDP Spark session (``runtime.run`` sets both
 up; tests share one session) and returns the report, phase by phase
 (``_PipelineRun``'s methods):
 
-1. load: ``build_dataframe`` + ``to_ray_shards`` (one shard per source), or
-   a live stream's first file;
-2. actors: ``aggregator``, ``worker-<i>``, ``source-<i>`` (``num_cpus=0``: they
-   are I/O and sleep bound, and Spark's executor needs the CPU), each run in
-   its own Ray namespace so names stay readable in the dashboard, and the
-   ``actors.faults.Supervisor`` over them;
+1. workers: the ``aggregator`` and ``worker-<i>`` actors are created first,
+   so their processes start and warm up while Spark loads the input;
+2. load: ``build_dataframe`` + ``to_ray_shards`` (one shard per source), a
+   generated stream chunk by chunk (``input.chunk_messages``), or a live
+   stream's first file; then ``source-<i>`` and the ``actors.faults.Supervisor``
+   over them all. Actors take ``num_cpus=0`` (they are I/O and sleep bound,
+   and Spark's executor needs the CPU); each run has its own Ray namespace so
+   names stay readable in the dashboard;
 3. throttling: a duty-cycle (or cpulimit) throttler per node - a thread here
    for this node's workers, a pinned ``ThrottleActor`` for any other node -
    following ``workers.changes``; ``service`` mode instead tells each worker
@@ -50,7 +52,13 @@ from actors import stream_input as stream_mod
 from actors import telemetry
 from actors import throttle as throttle_mod
 from actors import worker as worker_mod
-from actors.spark_input import build_dataframe, session_cpus, to_ray_shards
+from actors.spark_input import (
+    ChunkedLoad,
+    build_dataframe,
+    generated_messages,
+    session_cpus,
+    to_ray_shards,
+)
 from runtime.dataflow import checkpoint as ckpt_mod
 from runtime.dataflow.latency import LatencyHistogram
 from runtime.grouping import SCHEMES
@@ -99,6 +107,20 @@ def shard_block_rows(topo: Topology) -> int:
     if hint is None:
         return SHARD_BLOCK_ROWS
     return int(min(SHARD_BLOCK_ROWS, max(1000, math.ceil(hint / (4 * topo.sources)))))
+
+
+def _load_chunk(topo: Topology) -> int | None:
+    """Messages per chunk when the input is loaded chunk by chunk, else None."""
+    chunk = topo.input.chunk_messages
+    if not topo.input.generated or chunk is None or generated_messages(topo) <= chunk:
+        return None
+    return chunk
+
+
+def _counts_input_keys(topo: Topology) -> bool:
+    """Heavy-hitters' result is only the top-k, an operator's anything: the
+    input's distinct keys are counted instead (replication's denominator)."""
+    return topo.app.kind in ("heavy-hitters", "operator")
 
 
 class StopRequests:
@@ -350,8 +372,9 @@ def run_pipeline(
     the checkpoint in ``out_dir`` (``runtime.dataflow.checkpoint``).
     """
     r = _PipelineRun(topo, out_dir, spark, progress=progress, log=log)
-    r.load(df, resume)
     try:
+        r.create_workers(resume)
+        r.load(df)
         r.start_actors()
         r.start_throttling()
         r.open_stream()
@@ -383,63 +406,32 @@ class _PipelineRun:
         self.bar = _Progress(0, False)
         self.stops = StopRequests()
         self.stream: stream_mod.LiveInput | None = None
+        self.chunked: ChunkedLoad | None = None  # a generated stream loaded chunk by chunk
         self.stopped_by: str | None = None
         self.lag_max = 0
 
-    # ------------------------------------------------------------------ 1. load
-    def load(self, df: Any, resume: bool) -> None:
-        """The input: one Ray shard per source, or (a live stream) its first file."""
-        topo, say = self.topo, self.say
-        # fail in seconds (exit 2) if the cluster can never host this placement
-        cluster_mod.check_placement(topo, spark_cpus=session_cpus())
-        t_load = time.time()
-        self.distinct_input: int | None = None
-        self.resume_from: ckpt_mod.Checkpoint | None = None
-        if topo.input.stream:
-            self.shards: list[Any] = [None] * topo.sources  # the sources are fed micro-batches
-            self.total = 0
-            self.resume_from = _stream_checkpoint(topo, self.out_dir, resume)
-            with self.stops:
-                if not stream_mod.wait_for_first_file(topo.input_path() or Path(),
-                                                      lambda: self.stops.signal is not None,
-                                                      topo.run.until_idle_s, say):
-                    raise TopologyError(f"input.path: no file arrived in {topo.input.path!r}")
-            say(f"[{topo.name}] live stream over {topo.input.path}; actors in Ray namespace "
-                f"{self.namespace}")
-        else:
-            if df is None:
-                df = build_dataframe(self.spark, topo)
-            self.shards = to_ray_shards(df, topo.sources, block_rows=shard_block_rows(topo))
-            counts = [int(s.count()) for s in self.shards]
-            self.total = int(sum(counts))
-            if topo.sources > 1 and 0 in counts:
-                say(f"[{topo.name}] warning: uneven shards {counts} (a source has nothing to "
-                    f"send)")
-            # heavy-hitters' result is only the top-k, an operator's anything: count the
-            # input's distinct keys instead (replication's denominator)
-            self.distinct_input = (int(df.select("key").distinct().count())
-                                   if topo.app.kind in ("heavy-hitters", "operator") else None)
-            say(f"[{topo.name}] input ready: {self.total:,} messages in {topo.sources} "
-                f"shard(s), {time.time() - t_load:.1f} s; actors in Ray namespace "
-                f"{self.namespace}")
-        self.load_s = time.time() - t_load
-
-    # ------------------------------------------------------------------ 2. actors
-    def start_actors(self) -> None:
-        """The aggregator, the workers, the sources and the ``Supervisor`` over them."""
+    # ------------------------------------------------------------------ 1. workers
+    def create_workers(self, resume: bool) -> None:
+        """The aggregator and the workers, created before the input loads: their
+        processes start (and warm up) while Spark works. Not waited for here."""
         topo, n, namespace, caps = self.topo, self.n, self.namespace, self.caps
         wspec, run, actors = topo.workers, topo.run, self.actors
+        # fail in seconds (exit 2) if the cluster can never host this placement
+        cluster_mod.check_placement(topo, spark_cpus=session_cpus())
+        self.resume_from: ckpt_mod.Checkpoint | None = (
+            _stream_checkpoint(topo, self.out_dir, resume) if topo.input.stream else None)
         app = topo.app.model_dump()
-        columns = topo.app.columns_needed()
         qcap = min(wspec.queue_batches, topo.sources * run.max_inflight)
 
         scheme = SCHEMES[topo.grouping.scheme]
         sig = scheme.worker_signals(topo.grouping_params())  # None: workers do not signal
-        inactive = faults_mod.not_yet_added(topo)
-        coordinator = (scheme.coordinator(n, topo.grouping_params(),
-                                          alive=[w for w in range(n) if w not in inactive],
-                                          sources=topo.sources)
-                       if scheme.coordinated else None)
+        self.inactive = inactive = faults_mod.not_yet_added(topo)
+        self.coordinator = coordinator = (
+            scheme.coordinator(n, topo.grouping_params(),
+                               alive=[w for w in range(n) if w not in inactive],
+                               sources=topo.sources)
+            if scheme.coordinated else None)
+
         Agg = aggregator_mod.actor_class()
         agg = Agg.options(name="aggregator", namespace=namespace,
                           **actor_options(topo.placement.get("aggregator"))).remote(
@@ -463,6 +455,57 @@ class _PipelineRun:
                 report_every_s=coordinator.epoch_s if coordinator is not None else None)
             workers.append(w)
             actors.append(w)
+        self.agg, self.workers = agg, workers
+
+    # ------------------------------------------------------------------ 2. load
+    def load(self, df: Any) -> None:
+        """The input: one Ray shard per source, or (a live stream) its first file."""
+        topo, say = self.topo, self.say
+        t_load = time.time()
+        self.distinct_input: int | None = None
+        if topo.input.stream:
+            self.shards: list[Any] = [None] * topo.sources  # the sources are fed micro-batches
+            self.total = 0
+            with self.stops:
+                if not stream_mod.wait_for_first_file(topo.input_path() or Path(),
+                                                      lambda: self.stops.signal is not None,
+                                                      topo.run.until_idle_s, say):
+                    raise TopologyError(f"input.path: no file arrived in {topo.input.path!r}")
+            say(f"[{topo.name}] live stream over {topo.input.path}; actors in Ray namespace "
+                f"{self.namespace}")
+        elif (chunk := _load_chunk(topo)) is not None:
+            self.chunked = ChunkedLoad(self.spark, topo, topo.sources, chunk,
+                                       block_rows=shard_block_rows(topo),
+                                       count_distinct=_counts_input_keys(topo))
+            self.actors.append(self.chunked.feed)
+            self.chunked.start()
+            self.shards, self.total = self.chunked.shards, self.chunked.messages
+            say(f"[{topo.name}] input: {self.total:,} messages in {self.chunked.chunks} "
+                f"chunks; the first in {time.time() - t_load:.1f} s, the sources start on "
+                f"it; actors in Ray namespace {self.namespace}")
+        else:
+            if df is None:
+                df = build_dataframe(self.spark, topo)
+            self.shards = to_ray_shards(df, topo.sources, block_rows=shard_block_rows(topo))
+            counts = [int(s.count()) for s in self.shards]
+            self.total = int(sum(counts))
+            if topo.sources > 1 and 0 in counts:
+                say(f"[{topo.name}] warning: uneven shards {counts} (a source has nothing to "
+                    f"send)")
+            self.distinct_input = (int(df.select("key").distinct().count())
+                                   if _counts_input_keys(topo) else None)
+            say(f"[{topo.name}] input ready: {self.total:,} messages in {topo.sources} "
+                f"shard(s), {time.time() - t_load:.1f} s; actors in Ray namespace "
+                f"{self.namespace}")
+        self.load_s = time.time() - t_load
+
+    # ------------------------------------------------------------------ 2. sources
+    def start_actors(self) -> None:
+        """Wait for the workers; the sources and the ``Supervisor`` over them."""
+        topo, n, namespace, caps = self.topo, self.n, self.namespace, self.caps
+        run, actors, agg, workers = topo.run, self.actors, self.agg, self.workers
+        columns = topo.app.columns_needed()
+        coordinator, inactive = self.coordinator, self.inactive
         # bounded: a placement the cluster cannot serve now fails instead of hanging
         self.pids = cluster_mod.wait_for_actors([w.pid.remote() for w in workers],
                                                 [f"worker-{i}" for i in range(n)],
@@ -493,7 +536,7 @@ class _PipelineRun:
 
         sources = [make_source(s) for s in range(topo.sources)]
         ray.get([s.prepare.remote() for s in sources])  # grouping compiled, first batch read
-        self.agg, self.workers, self.sources = agg, workers, sources
+        self.sources = sources
         self.faults = faults_mod.Supervisor(topo, workers, sources, agg, make_source, self.say)
         self.cluster_info = cluster_mod.cluster_summary(
             {"aggregator": agg, **{f"worker-{i}": w for i, w in enumerate(workers)},
@@ -596,6 +639,9 @@ class _PipelineRun:
         flush and statistics, the aggregator's table."""
         stream = self.stream
         self.source_stats = ray.get(self.faults.runs)
+        if self.chunked is not None:  # every chunk was streamed: the load is over
+            self.chunked.join()
+            self.distinct_input = self.chunked.distinct
         if stream is not None:
             self.total = stream.rows
             if self.topo.run.checkpoint:  # everything handed over is committed: the last one
@@ -622,6 +668,8 @@ class _PipelineRun:
     def release(self) -> None:
         """Whatever happened: no process left stopped, no actor of the run left."""
         self.bar.close()
+        if self.chunked is not None:
+            self.chunked.stop()
         if self.stream is not None:
             self.stops.__exit__()
             self.stream.stop()
@@ -651,6 +699,10 @@ class _PipelineRun:
                 node: ("driver" if node not in throttling.remote else f"throttle-{node[:8]}")
                 for node in throttling._targets}
         report["cluster"] = self.cluster_info
+        if self.chunked is not None:
+            c = self.chunked
+            report["input_load"] = {"chunks": c.chunks, "chunk_messages": c.chunk,
+                                    "first_chunk_s": c.first_s, "all_chunks_s": c.all_s}
         if self.stream is not None:
             report["stream"] = {**self.stream.stats(), "stopped_by": self.stopped_by,
                                 "lag_max": self.lag_max, "results_written": self.results.written,

@@ -830,7 +830,8 @@ class SourceActor:
                  capacities: Sequence[float] | None = None,
                  capacity_changes: Sequence[tuple[float, int, float]] = (),
                  report_every_s: float = 1.0, max_pending_rows: int = 100_000) -> None:
-        """``shard``: the source's Ray Dataset; ``None`` for a live stream, whose
+        """``shard``: the source's Ray Dataset, or its ``actors.shard_feed.FedShard``
+        when the input arrives chunk by chunk; ``None`` for a live stream, whose
         micro-batches the driver hands over with ``feed``."""
         from runtime.grouping import make_grouping
 
@@ -907,13 +908,27 @@ class SourceActor:
         on every pass, which a restarted source relies on (batch numbers)."""
         import ray
 
-        ray.data.DataContext.get_current().execution_options.preserve_order = True
+        from actors.shard_feed import FedShard
+
         cols = [self.core.key, *self.columns]
-        # whole blocks, cut here: Ray Data's own re-batching costs ~0.4 ms per
-        # batch of 1,000 rows, slicing a block ~0.05 ms (the same boundaries)
-        blocks = ((b if isinstance(b, pa.Table) else pa.table(b)).select(cols)
-                  for b in self.shard.iter_batches(batch_size=None, batch_format="pyarrow"))
+        tables: Iterable[Any]
+        if isinstance(self.shard, FedShard):  # arriving chunk by chunk
+            tables = self.shard.tables(self._wait_for_input)
+        else:
+            ray.data.DataContext.get_current().execution_options.preserve_order = True
+            # whole blocks, cut here: Ray Data's own re-batching costs ~0.4 ms per
+            # batch of 1,000 rows, slicing a block ~0.05 ms (the same boundaries)
+            tables = self.shard.iter_batches(batch_size=None, batch_format="pyarrow")
+        blocks = ((b if isinstance(b, pa.Table) else pa.table(b)).select(cols) for b in tables)
         yield from rebatch(blocks, self.batch)
+
+    def _wait_for_input(self, timeout: float) -> None:
+        """The next chunk is not in yet: take acks and send meanwhile (before
+        the run, as ``prepare`` reads the first batch, just wait)."""
+        if self.core.t0 is None:
+            time.sleep(timeout)
+        else:
+            self.core.idle(timeout)
 
     def prepare(self) -> None:
         """Start reading the shard before the run's clock starts: Ray Data's

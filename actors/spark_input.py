@@ -38,6 +38,7 @@ import math
 import os
 import sys
 import threading
+import time
 import warnings
 from collections.abc import Iterator
 from typing import Any
@@ -187,16 +188,23 @@ def _generator_spec(topo: Topology) -> dict[str, Any]:
 _GENERATED_TYPES = {"ts": "long", "label": "long", "value": "long", "amount": "double"}
 
 
-def _generated_dataframe(spark: Any, topo: Topology, columns: list[str]) -> Any:
-    """The generated stream, produced by Spark's executor: message ``i`` is
-    ``runtime.inputs.generators.generate(i, 1, spec)`` whatever the partitioning;
-    ``key`` plus ``columns`` (``runtime.inputs.generators.GENERATED_COLUMNS``)."""
-    n = topo.input.messages if topo.input.limit is None else min(topo.input.messages,
-                                                                   topo.input.limit)
+def generated_messages(topo: Topology) -> int:
+    """How many messages a generated stream has (``input.limit`` caps them)."""
+    i = topo.input
+    return i.messages if i.limit is None else min(i.messages, i.limit)
+
+
+def _generated_dataframe(spark: Any, topo: Topology, columns: list[str], lo: int = 0,
+                         hi: int | None = None) -> Any:
+    """The generated stream's messages ``lo`` to ``hi`` (default: all), produced
+    by Spark's executor: message ``i`` is ``runtime.inputs.generators.generate(i,
+    1, spec)`` whatever the partitioning; ``key`` plus ``columns``
+    (``runtime.inputs.generators.GENERATED_COLUMNS``)."""
+    hi = generated_messages(topo) if hi is None else hi
     spec = _generator_spec(topo)
     cols = tuple(columns)
     schema = ", ".join(["key string", *(f"{c} {_GENERATED_TYPES[c]}" for c in cols)])
-    partitions = max(1, math.ceil(n / 250_000))
+    partitions = max(1, math.ceil((hi - lo) / 250_000))
 
     def gen_partition(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         import numpy as np
@@ -216,7 +224,7 @@ def _generated_dataframe(spark: Any, topo: Topology, columns: list[str]) -> Any:
                 arrays = [got["key"], *(pa.array(got[c], from_pandas=True) for c in cols)]
                 yield pa.RecordBatch.from_arrays(arrays, names=["key", *cols])
 
-    return spark.range(0, n, 1, numPartitions=partitions).mapInArrow(gen_partition, schema)
+    return spark.range(lo, hi, 1, numPartitions=partitions).mapInArrow(gen_partition, schema)
 
 
 def _read_file(spark: Any, topo: Topology) -> Any:
@@ -364,6 +372,27 @@ def _block_refs_in_order(ds: Any, block_rows: int) -> list[Any]:
     return refs
 
 
+def _from_spark(df: Any) -> Any:
+    """``ray.data.from_spark(df)``: Spark's job, its partitions as Arrow blocks
+    in Ray's object store (the fetch tasks run on warm workers), quietly."""
+    ctx = ray.data.DataContext.get_current()
+    ctx.enable_progress_bars = False  # shards copy this context: quiet sources
+    with warnings.catch_warnings():
+        # raydp 1.6.5 itself uses DataFrame.sql_ctx and the deprecated
+        # ``parallelism`` argument: not actionable here
+        warnings.simplefilter("ignore", UserWarning)
+        read_api_log = logging.getLogger("ray.data.read_api")
+        level = read_api_log.level
+        read_api_log.setLevel(logging.ERROR)
+        try:
+            for _ in range(FETCH_WARM_WORKERS):
+                _warm_fetch_worker.remote()
+            ds = ray.data.from_spark(df)
+        finally:
+            read_api_log.setLevel(level)
+    return ds
+
+
 def to_ray_shards(df: Any, n_sources: int, block_rows: int = SHARD_BLOCK_ROWS) -> list[Any]:
     """One Ray Dataset per source actor, covering every row exactly once.
 
@@ -385,26 +414,94 @@ def to_ray_shards(df: Any, n_sources: int, block_rows: int = SHARD_BLOCK_ROWS) -
         raise ValueError(f"sources: must be >= 1 (got {n_sources})")
     if block_rows < 1:
         raise ValueError(f"block_rows: must be >= 1 (got {block_rows})")
-    ctx = ray.data.DataContext.get_current()
-    ctx.enable_progress_bars = False  # shards copy this context: quiet sources
-    with warnings.catch_warnings():
-        # raydp 1.6.5 itself uses DataFrame.sql_ctx and the deprecated
-        # ``parallelism`` argument: not actionable here
-        warnings.simplefilter("ignore", UserWarning)
-        read_api_log = logging.getLogger("ray.data.read_api")
-        level = read_api_log.level
-        read_api_log.setLevel(logging.ERROR)
-        try:
-            for _ in range(FETCH_WARM_WORKERS):
-                _warm_fetch_worker.remote()
-            ds = ray.data.from_spark(df)
-        finally:
-            read_api_log.setLevel(level)
+    ds = _from_spark(df)
     refs = _block_refs_in_order(ds, block_rows)
     if len(refs) < n_sources:  # tiny input: some sources get an empty shard
         empty = ray.put(pa.schema(ds.schema().base_schema).empty_table())
         refs += [empty] * (n_sources - len(refs))
     return [ray.data.from_arrow_refs(refs[s::n_sources]) for s in range(n_sources)]
+
+
+class ChunkedLoad:
+    """A generated stream loaded by Spark ``chunk`` messages at a time into a
+    ``ShardFeed`` (``actors.shard_feed``), by a thread of the driver, while the
+    sources already stream what came. ``shards``: what each source reads.
+    Blocks are dealt over the whole stream as ``to_ray_shards`` deals them.
+
+    ``start()`` returns once the first chunk is in (its error raised);
+    ``join()`` waits for the rest (and raises a later chunk's error, which the
+    sources raise too); ``stop()`` loads no further chunk. ``distinct``: with
+    ``count_distinct``, the whole stream's distinct keys, counted by Spark
+    after the last chunk.
+    """
+
+    def __init__(self, spark: Any, topo: Topology, n_sources: int, chunk: int,
+                 block_rows: int = SHARD_BLOCK_ROWS, count_distinct: bool = False) -> None:
+        from actors.shard_feed import FedShard, ShardFeed
+
+        self.spark, self.topo, self.n_sources = spark, topo, n_sources
+        self.messages = generated_messages(topo)
+        self.chunk, self.block_rows, self.count_distinct = chunk, block_rows, count_distinct
+        self.chunks = math.ceil(self.messages / chunk)
+        self.feed = ShardFeed.remote(n_sources)  # type: ignore[attr-defined]
+        self.shards = [FedShard(self.feed, s) for s in range(n_sources)]
+        self.loaded = 0  # chunks in the feed
+        self.first_s: float | None = None  # the first chunk in, from start()
+        self.all_s: float | None = None  # the last one in
+        self.distinct: int | None = None
+        self.error: BaseException | None = None
+        self._stopping = threading.Event()
+        self._first = threading.Event()
+        self._thread = threading.Thread(target=self._load, name="chunked-load", daemon=True)
+
+    def start(self) -> None:
+        self._t0 = time.time()
+        self._thread.start()
+        self._first.wait()
+        if self.error is not None:
+            raise self.error
+
+    def stop(self) -> None:
+        self._stopping.set()
+
+    def join(self) -> None:
+        self._thread.join()
+        if self.error is not None:
+            raise self.error
+
+    def _load(self) -> None:
+        columns = self.topo.app.columns_needed()
+        dealt = 0  # blocks of the stream so far
+        try:
+            for lo in range(0, self.messages, self.chunk):
+                if self._stopping.is_set():
+                    return
+                hi = min(self.messages, lo + self.chunk)
+                df = _generated_dataframe(self.spark, self.topo, columns, lo, hi)
+                refs = _block_refs_in_order(_from_spark(df), self.block_rows)
+                per_source: list[list[Any]] = [[] for _ in range(self.n_sources)]
+                for ref in refs:
+                    per_source[dealt % self.n_sources].append(ref)
+                    dealt += 1
+                ray.get(self.feed.add.remote(per_source, hi - lo))
+                self.loaded += 1
+                if self.first_s is None:
+                    self.first_s = time.time() - self._t0
+                    self._first.set()
+            ray.get(self.feed.finish.remote())
+            self.all_s = time.time() - self._t0
+            if self.count_distinct:
+                whole = _generated_dataframe(self.spark, self.topo, columns)
+                self.distinct = int(whole.select("key").distinct().count())
+        except BaseException as e:  # noqa: BLE001 - handed to join() and to the sources
+            self.error = e
+            try:
+                self.feed.fail.remote(f"input: loading chunk {self.loaded + 1} of "
+                                      f"{self.chunks} failed: {e}")
+            except Exception:  # noqa: BLE001 - the feed is gone with the run
+                pass
+        finally:
+            self._first.set()
 
 
 # --------------------------------------------------------------------------- reference
@@ -431,6 +528,7 @@ def reference_result(df: Any, app: Any, top_k: int = 100) -> pa.Table:
 
 __all__ = [
     "JAVA17_OPTIONS",
+    "ChunkedLoad",
     "build_dataframe",
     "reference_result",
     "session_cpus",

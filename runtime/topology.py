@@ -74,6 +74,12 @@ class InputSpec(_Strict):
     shift_every: PosInt | None = None
     classes: PosInt = 2  # naive-bayes generated labels
     features: PosInt = 4  # naive-bayes generated features per message
+    #: a generated stream of more messages than this is produced by Spark in
+    #: chunks of it: the sources start on the first chunk while Spark produces
+    #: the next (``actors.shard_feed``). Null (default) loads the whole stream
+    #: first: on a 2-core box both phases use every core, and overlapping them
+    #: starts the stream sooner but ends the run later (docs/benchmarks.md)
+    chunk_messages: PosInt | None = None
     #: a live stream: ``path`` is a directory read by Spark Structured Streaming;
     #: every file that lands in it is processed (README, "Streams that keep coming")
     stream: bool = False
@@ -86,6 +92,9 @@ class InputSpec(_Strict):
             raise ValueError(f"input.path: required for format {self.format!r}")
         if self.format in GENERATED_FORMATS and self.path:
             raise ValueError(f"input.path: not used by generated format {self.format!r}")
+        if self.format in FILE_FORMATS and "chunk_messages" in self.model_fields_set:
+            raise ValueError(f"input.chunk_messages: only for generated streams (format "
+                             f"{', '.join(GENERATED_FORMATS)}; got format {self.format!r})")
         if self.format == "evolving-zipf" and self.shift_every is None:
             self.shift_every = max(1, self.messages // 4)
         if self.stream:

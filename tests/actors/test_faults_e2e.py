@@ -100,6 +100,22 @@ def test_worker_and_source_kill_is_exact(ray_spark, tmp_path, scheme) -> None:
     print("run wall time", report["_wall_s"])
 
 
+def test_chunked_input_with_a_source_killed_is_exact(ray_spark, tmp_path) -> None:
+    """Spark produces the stream in 4 chunks while the sources stream it
+    (``input.chunk_messages``); source-1 dies mid-run and its restart reads
+    its blocks again from the feed, from the start. The result still equals
+    Spark's groupBy over the whole stream, built in one piece."""
+    topo = _topology("acg", input={"chunk_messages": 40_000},
+                     faults=[{"at_s": 4.0, "kill": "source-1"}])
+    report = _run_exact(ray_spark, topo, tmp_path)
+    load = report["input_load"]
+    assert load["chunks"] == 4 and load["chunk_messages"] == 40_000, load
+    assert 0 < load["first_chunk_s"] <= load["all_chunks_s"], load
+    assert report["source_restarts"] == [{"source": 1, "epoch": 1}]
+    (f_source,) = report["failures"]
+    assert None not in (f_source["killed_s"], f_source["recovered_s"]), f_source
+
+
 def test_two_workers_killed_at_once_is_exact(ray_spark, tmp_path) -> None:
     """Two of four workers SIGKILLed in the same instant (as when a machine
     holding both dies): both are detected, their keys move to the two left,
