@@ -162,34 +162,44 @@ class RayEngine:
         from its checkpoint if the aggregator or a source dies; ``resume``
         continues the stream whose checkpoint is in ``out_dir``. Any other
         input runs with ``run_pipeline`` on ``data`` (a ``shared_input``
-        DataFrame) if given. ``verify``: then compare ``result.parquet`` with
-        Spark's own answer on the same input (``verify_result``); the report
-        gets the verdict as ``verify``.
+        DataFrame) if given. ``verify``: compare ``result.parquet`` with
+        Spark's own answer on the same input (``spark_reference``, taken
+        before the stream - after it for a live stream - and
+        ``verify_result``); the report gets the verdict as ``verify``.
         """
         live, out = topo.input.stream, Path(out_dir)
         if verify and not live and data is None:  # Spark's answer on the very rows the run read
             with self.shared_input(topo) as df:
                 return self.run(topo, out, progress=progress, log=log, data=df, verify=True)
+        # Spark's answer is taken before the stream: a failure during the run (a
+        # node, Spark's executor with it) cannot take it away (docs/cluster.md)
+        ref = spark_reference(topo, data) if verify and not live else None
         if live:
             report = run_live(topo, out, self.spark, progress=progress, log=log, resume=resume)
         else:
             report = run_pipeline(topo, out, self.spark, progress=progress, log=log, df=data)
-        if verify:  # a live stream: every file that arrived, read once the stream ended
-            df = spark_input.build_dataframe(self.spark, topo) if live else data
-            report["verify"] = verify_result(topo, df, out)
+        if verify:
+            if ref is None:  # a live stream: every file that arrived, read once it ended
+                ref = spark_reference(topo, spark_input.build_dataframe(self.spark, topo))
+            report["verify"] = verify_result(topo, ref, out)
         return report
 
 
-def verify_result(topo: Topology, df: Any, out: Path) -> dict[str, Any]:
-    """Compare ``out/result.parquet`` with Spark's answer on ``df``; add the
-    verdict to ``report.json`` as ``verify``."""
+def spark_reference(topo: Topology, df: Any) -> Any:
+    """Spark's own answer for ``topo``'s app on ``df`` (a pyarrow Table in the
+    operators' schema): what ``result.parquet`` must equal."""
+    print(f"[{topo.name}] verify: computing Spark's answer on the same input",
+          file=sys.stderr, flush=True)
+    return spark_input.reference_result(df, topo.app.model_dump())
+
+
+def verify_result(topo: Topology, ref: Any, out: Path) -> dict[str, Any]:
+    """Compare ``out/result.parquet`` with ``ref`` (``spark_reference``); add
+    the verdict to ``report.json`` as ``verify``."""
     import pyarrow.parquet as pq
 
     from runtime.operators import table_diff
 
-    print(f"[{topo.name}] verify: computing Spark's answer on the same input",
-          file=sys.stderr, flush=True)
-    ref = spark_input.reference_result(df, topo.app.model_dump())
     got = pq.read_table(out / "result.parquet")
     equal = table_diff(got, ref) is None  # floats within 1e-9 relative (DESIGN.md)
     what = {"wordcount": "groupBy(key).count()", "naive-bayes": "groupBy(key, label).count()",
@@ -212,4 +222,4 @@ def verify_result(topo: Topology, df: Any, out: Path) -> dict[str, Any]:
     return verdict
 
 
-__all__ = ["RayEngine", "SparkSizing", "engine_session", "verify_result"]
+__all__ = ["RayEngine", "SparkSizing", "engine_session", "spark_reference", "verify_result"]

@@ -74,9 +74,9 @@ def main(argv: list[str] | None = None) -> int:
                         "checkpoint (after its driver died, or once it stopped)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--verify", action="store_true",
-                   help="after the run, compare result.parquet with Spark's own answer on "
-                        "the same (cached) input; report.json gets a 'verify' block and a "
-                        "mismatch exits 1")
+                   help="compare result.parquet with Spark's own answer on the same (cached) "
+                        "input, computed before the stream (a live stream's: after it); "
+                        "report.json gets a 'verify' block and a mismatch exits 1")
     args = p.parse_args(argv)
     topo = load_or_exit(args.topology, args.overrides, check_input=True)
     check_input_columns(topo)

@@ -242,3 +242,74 @@ def test_workers_added_and_removed_mid_run_is_exact(ray_spark, tmp_path, scheme)
     if scheme == "acg":  # the controller followed the membership: the newcomer
         vw = report["coordinator"]["vw_per_worker"]  # has VWs, the leaver none
         assert vw[0] == 0 and vw[3] >= 1 and report["coordinator"]["membership_moves"] > 0
+
+
+def _spark_jvms(root_pid: int) -> list:
+    """RayDP's Java actors under ``root_pid`` (a ``runtime.run`` with its own
+    Ray), oldest first: the application master, then the executors it made."""
+    import psutil
+
+    jvms = []
+    for p in psutil.Process(root_pid).children(recursive=True):
+        try:
+            if "raydp-java-worker" in " ".join(p.cmdline()):
+                jvms.append((p.create_time(), p))
+        except psutil.Error:  # gone, or a zombie not yet reaped
+            pass
+    return [p for _, p in sorted(jvms, key=lambda tp: tp[0])]
+
+
+def test_spark_lost_for_good_mid_run_still_verifies(tmp_path) -> None:
+    """RayDP's application master is SIGKILLed mid-stream: the executors it
+    owns die with it and Spark never gets one back (what a lost node can do
+    to Spark, docs/cluster.md). The stream no longer needs Spark, and
+    ``--verify``'s answer was taken before the stream, so the run still ends,
+    exact and verified, instead of waiting forever for an executor."""
+    import re
+    import subprocess
+    import sys
+
+    import psutil
+    import yaml
+
+    root = Path(__file__).resolve().parents[2]
+    spec = {"name": "spark-lost",
+            "input": {"format": "zipf", "messages": 200_000, "keys": 5_000, "skew": 1.0,
+                      "seed": 3},
+            "sources": 2, "workers": {"count": 4, "service_us": 20},
+            "grouping": {"scheme": "acg"}, "app": {"kind": "wordcount"},
+            "run": {"batch": 1000, "seed": 1, "rate": 20_000}}
+    topo_path, out, err_path = tmp_path / "t.yaml", tmp_path / "out", tmp_path / "run.err"
+    topo_path.write_text(yaml.safe_dump(spec))
+    env = dict(os.environ, RAY_AUTH_MODE="disabled")
+    env.pop("RAY_ADDRESS", None)
+
+    def processed() -> float:
+        found = re.findall(r"(\d+(?:\.\d+)?)(k?)/200k", err_path.read_text())
+        return float(found[-1][0]) * (1000 if found[-1][1] else 1) if found else 0.0
+
+    with open(err_path, "w") as err:
+        proc = subprocess.Popen([sys.executable, "-m", "runtime.run", str(topo_path), "--out",
+                                 str(out), "--verify"], cwd=root, env=env,
+                                stdout=subprocess.PIPE, stderr=err, text=True)
+        try:
+            deadline = time.time() + 300
+            while processed() < 40_000:  # streaming, a fifth done
+                assert proc.poll() is None, err_path.read_text()[-3000:]
+                assert time.time() < deadline, "the run never started streaming"
+                time.sleep(0.2)
+            master, *executors = _spark_jvms(proc.pid)
+            assert executors, "no Spark executor found under the run"
+            master.kill()
+            gone, alive = psutil.wait_procs(executors, timeout=120)
+            assert not alive, f"executors outlived their master: {alive}"
+            stdout, _ = proc.communicate(timeout=300)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    assert proc.returncode == 0, err_path.read_text()[-3000:]
+    report = json.loads((out / "report.json").read_text())
+    assert report["verify"]["equal"] is True, report["verify"]
+    assert report["messages"]["input"] == report["messages"]["processed"] == 200_000
+    assert "verify: result.parquet equals Spark's" in stdout
