@@ -2,7 +2,7 @@
 
 A generated stream of more than ``input.chunk_messages`` messages is produced
 by Spark in chunks of that many (one Spark job each, ``actors.spark_input.
-load_in_chunks``, a thread of the driver); each chunk's blocks go into a
+ChunkedLoad``, a thread of the driver); each chunk's blocks go into a
 ``ShardFeed`` as soon as they are in Ray's object store, dealt to the sources
 exactly as ``to_ray_shards`` deals a whole input (block ``j`` of the stream to
 source ``j % n_sources``). The sources start on the first chunk.
