@@ -128,14 +128,18 @@ class FaultInjector:
         return len(self._kills) + len(self._membership)
 
     @staticmethod
-    def kill_refused(kill: Kill, dead: set[int], n_workers: int) -> str:
+    def kill_refused(kill: Kill, dead: set[int], inactive: set[int], n_workers: int) -> str:
         """Why ``kill`` must not go ahead ("" if it may) while workers ``dead``
-        are dead: a worker is dead already, or it is the last live one."""
+        are dead and ``inactive`` have not joined yet: the worker is dead
+        already or not joined (a worker killed before it joins would be
+        joined dead), or it is the last live one."""
         if kill.kind != "worker":
             return ""
         if kill.index in dead:
             return "already dead"
-        if len(dead) + 1 >= n_workers:
+        if kill.index in inactive:
+            return "not injected: it has not joined yet"
+        if len(dead) + len(inactive) + 1 >= n_workers:
             return "not injected: it is the last live worker"
         return ""
 
@@ -317,7 +321,8 @@ class Supervisor:
         name = kill.actor
         ev = FaultEvent(actor=name, at_s=kill.at_s, pid=self.processes.pids.get(name))
         self.events.append(ev)
-        ev.note = FaultInjector.kill_refused(kill, self.dead_workers, len(self.workers))
+        ev.note = FaultInjector.kill_refused(kill, self.dead_workers, self.inactive,
+                                             len(self.workers))
         if ev.note:
             return
         if self.processes.on_this_node(name) and ev.pid:

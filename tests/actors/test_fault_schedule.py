@@ -62,11 +62,24 @@ def test_faults_from_the_topology() -> None:
 
 def test_a_kill_never_takes_the_last_live_worker() -> None:
     refused = FaultInjector.kill_refused
-    assert refused(Kill(1.0, "worker-1"), dead=set(), n_workers=3) == ""
-    assert refused(Kill(1.0, "worker-1"), dead={1}, n_workers=3) == "already dead"
-    assert refused(Kill(1.0, "worker-2"), dead={0, 1}, n_workers=3) == (
+    assert refused(Kill(1.0, "worker-1"), dead=set(), inactive=set(), n_workers=3) == ""
+    assert refused(Kill(1.0, "worker-1"), dead={1}, inactive=set(), n_workers=3) == (
+        "already dead")
+    assert refused(Kill(1.0, "worker-2"), dead={0, 1}, inactive=set(), n_workers=3) == (
         "not injected: it is the last live worker")
-    assert refused(Kill(1.0, "source-0"), dead={0, 1}, n_workers=3) == ""  # sources restart
+    # sources restart
+    assert refused(Kill(1.0, "source-0"), dead={0, 1}, inactive=set(), n_workers=3) == ""
+
+
+def test_a_kill_counts_workers_not_joined_yet_as_not_live() -> None:
+    refused = FaultInjector.kill_refused
+    # worker-3 joins later: killing it now would have it join dead
+    assert refused(Kill(1.0, "worker-3"), dead=set(), inactive={3}, n_workers=4) == (
+        "not injected: it has not joined yet")
+    # worker-0 dead, worker-3 not joined: of 4, worker-1 and worker-2 are live
+    assert refused(Kill(1.0, "worker-1"), dead={0}, inactive={3}, n_workers=4) == ""
+    assert refused(Kill(1.0, "worker-2"), dead={0, 1}, inactive={3}, n_workers=4) == (
+        "not injected: it is the last live worker")
 
 
 def test_a_leave_needs_a_live_worker_and_another_one() -> None:
