@@ -65,6 +65,30 @@ def _announce(ctx: Any) -> None:
           f"live view: python -m runtime.top", file=sys.stderr)
 
 
+#: an actor call's arguments up to this many bytes travel inside the call;
+#: larger ones Ray first puts in the object store. At Ray's default (100 KiB)
+#: a source's calls of ~4,000 messages (~100 KB) went through the object
+#: store: 0.83-0.87x the msgs/s (docs/benchmarks.md, "Calls inline").
+INLINE_ARGS_BYTES = 1 << 20
+INLINE_ARGS_ENV = "RAY_max_direct_call_object_size"
+
+
+def ray_system_config() -> dict[str, Any]:
+    """``ray.init(_system_config=...)`` for a cluster we start: metrics pushed
+    every second (``telemetry.ray_system_config``), calls inline up to
+    ``INLINE_ARGS_BYTES`` (unless ``RAY_max_direct_call_object_size`` is set)."""
+    config = telemetry.ray_system_config()
+    if INLINE_ARGS_ENV not in os.environ:
+        config["max_direct_call_object_size"] = INLINE_ARGS_BYTES
+    return config
+
+
+def inline_args_env() -> dict[str, str]:
+    """The same for the job's workers on a cluster we did not start (Ray reads
+    ``RAY_<setting>`` when a worker process starts)."""
+    return {INLINE_ARGS_ENV: os.environ.get(INLINE_ARGS_ENV, str(INLINE_ARGS_BYTES))}
+
+
 @contextlib.contextmanager
 def engine_session(app_name: str, address: str | None = None, *,
                    topo: Topology | None = None, spark: SparkSizing | None = None,
@@ -87,7 +111,7 @@ def engine_session(app_name: str, address: str | None = None, *,
     os.environ.setdefault("RAY_IGNORE_UNHANDLED_ERRORS", "1")
     pythonpath = os.pathsep.join(x for x in (str(ROOT), os.environ.get("PYTHONPATH")) if x)
     os.environ["PYTHONPATH"] = pythonpath  # workers started by this driver import our code
-    runtime_env: dict[str, Any] = {"env_vars": {"PYTHONPATH": pythonpath}}
+    runtime_env: dict[str, Any] = {"env_vars": {"PYTHONPATH": pythonpath, **inline_args_env()}}
     if topo is not None and topo.app.kind == "operator" and topo.app.operator:
         from runtime.operators import runtime_env_for
 
@@ -96,7 +120,7 @@ def engine_session(app_name: str, address: str | None = None, *,
     # a cluster we start pushes live metrics every second (runtime.top); an
     # existing cluster keeps its own settings
     starts = address is None and not os.environ.get("RAY_ADDRESS")
-    system_config = telemetry.ray_system_config() if starts else {}
+    system_config = ray_system_config() if starts else {}
     try:
         try:
             ctx = ray.init(address=address, runtime_env=runtime_env,

@@ -9,6 +9,10 @@ least one sub-batch - and until the worker answered a first call, exactly one
 (``DrainRates.call_cap``). Unless forced, an outbox below its fill target (the
 call cap, or half the memory bound, whichever is lower) lingers up to
 ``linger_s`` to fill its call: fewer, larger calls while the windows are open.
+A source *behind* its input (its next batch already due: unpaced, or paced
+and late) lets it linger up to ``behind_linger_s`` instead: its messages
+would wait for the source anyway, and larger calls are what lets it catch up
+(each call costs about a millisecond of CPU on top of its messages).
 
 The memory bound: a worker holding more than its bound of messages
 unacknowledged (queued or in flight) must block its source (``over_bound``).
@@ -46,11 +50,13 @@ class Outboxes:
     """Every worker's outbox and calls in flight for one source (see the module docstring)."""
 
     def __init__(self, n_workers: int, *, max_inflight: int, outbox_batches: int,
-                 call_messages: int, linger_s: float, clock: Callable[[], float]) -> None:
+                 call_messages: int, linger_s: float, clock: Callable[[], float],
+                 behind_linger_s: float | None = None) -> None:
         self.max_inflight = int(max_inflight)
         self.outbox_batches = int(outbox_batches)
         self.call_messages = int(call_messages)
         self.linger_s = float(linger_s)
+        self.behind_linger_s = self.linger_s if behind_linger_s is None else float(behind_linger_s)
         self.clock = clock
         self.batch_rows = 1  # the largest batch routed so far: the bound's unit
         self.queues: list[collections.deque[Entry]] = [collections.deque()
@@ -101,18 +107,20 @@ class Outboxes:
         """Anything queued or in flight."""
         return bool(self.inflight) or any(self.queues)
 
-    def flush(self, send: Callable[[int, list[Entry]], Any], force: bool = False) -> None:
+    def flush(self, send: Callable[[int, list[Entry]], Any], force: bool = False,
+              behind: bool = False) -> None:
         """Cut calls from the outboxes, oldest sub-batch first, while the windows
         allow; ``send(worker, entries)`` sends one and returns its token. Unless
         ``force``, an outbox below its fill target waits until it has lingered
-        ``linger_s``."""
+        ``linger_s`` (``behind_linger_s`` when the source is ``behind``)."""
+        linger_s = self.behind_linger_s if behind else self.linger_s
         now = self.clock()
         caps = self.drain_rates.call_caps(self.call_messages)
         fills = self.bounds(caps) // 2
         for w, q in enumerate(self.queues):
             cap = int(caps[w])
             if (q and not force and self.queued_n[w] < min(cap, fills[w])
-                    and now - self.queued_at[w] < self.linger_s):
+                    and now - self.queued_at[w] < linger_s):
                 continue
             while q and self.calls_per_worker[w] < self.max_inflight:
                 entries = [q.popleft()]

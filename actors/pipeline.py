@@ -525,6 +525,7 @@ class _PipelineRun:
                 s, shards[s], workers, topo.grouping.scheme, n, run.seed + s,
                 topo.grouping_params(), batch=run.batch, max_inflight=run.max_inflight,
                 call_messages=run.call_messages, linger_s=run.linger_ms / 1000,
+                behind_linger_s=run.behind_linger_ms / 1000,
                 rate_per_source=run.rate / topo.sources, key="key", columns=columns,
                 vw_every_s=run.slot_s, aggregator=agg, epoch=epoch,
                 dead_workers=inactive if dead is None else dead,

@@ -168,6 +168,11 @@ class Pacer:
         time, when not paced; None: when the source takes it)."""
         return self.start + routed / self.rate if self.rate > 0 else handed
 
+    def behind(self, routed: int) -> bool:
+        """The batch after ``routed`` messages is already due: unpaced (the input
+        is there to take), or paced and late."""
+        return self.rate <= 0 or self.start + routed / self.rate <= self.clock()
+
     def wait_until_due(self, routed: int, deadlines: Callable[[], Iterable[float]],
                  send_due: Callable[[], None]) -> None:
         """Sleep until the batch after ``routed`` messages is due, waking at the
@@ -244,6 +249,7 @@ class SourceCore:
         outbox: int | None = None,
         call_messages: int = CALL_MESSAGES,
         linger_s: float = 0.0,
+        behind_linger_s: float | None = None,
         rate_per_source: float = 0.0,
         key: str = "key",
         vw_every_s: float = 0.5,
@@ -259,7 +265,8 @@ class SourceCore:
     ) -> None:
         """``outbox``: batches' worth of messages an outbox may hold before the
         source blocks (default ``max_inflight``); ``linger_s``: how long an
-        outbox may wait to fill its call (0: send at once)."""
+        outbox may wait to fill its call (0: send at once), ``behind_linger_s``
+        while the source is behind its input (default ``linger_s``)."""
         self.index = int(index)
         self.grouping = grouping
         self.transport = transport
@@ -273,7 +280,8 @@ class SourceCore:
         self.outboxes = Outboxes(
             self.n_workers, max_inflight=int(max_inflight),
             outbox_batches=int(max_inflight) if outbox is None else int(outbox),
-            call_messages=call_messages, linger_s=linger_s, clock=clock)
+            call_messages=call_messages, linger_s=linger_s, clock=clock,
+            behind_linger_s=behind_linger_s)
         self.pacer = Pacer(rate_per_source, clock, sleep)
         self.log = ReplayLog()
         self.members = Membership(self.n_workers, grouping, dead_workers)
@@ -533,7 +541,7 @@ class SourceCore:
             return self.transport.send(w, [Part.join(self.index, self.epoch, watermark,
                                                      entries)])
 
-        self.outboxes.flush(send, force)
+        self.outboxes.flush(send, force, behind=self.pacer.behind(self.routed))
 
     def idle(self, timeout: float) -> None:
         """Nothing to route yet (a live stream between micro-batches): for at
@@ -825,7 +833,7 @@ class SourceActor:
                  n_workers: int, seed: int, grouping_params: dict[str, Any], *,
                  batch: int, max_inflight: int, rate_per_source: float, key: str,
                  call_messages: int = CALL_MESSAGES, linger_s: float = 0.0,
-                 columns: Sequence[str] = (), vw_every_s: float = 0.5, aggregator: Any = None,
+                 behind_linger_s: float | None = None, columns: Sequence[str] = (), vw_every_s: float = 0.5, aggregator: Any = None,
                  epoch: int = 0, dead_workers: Sequence[int] = (),
                  capacities: Sequence[float] | None = None,
                  capacity_changes: Sequence[tuple[float, int, float]] = (),
@@ -848,7 +856,7 @@ class SourceActor:
         self.core = SourceCore(index, grouping, RayTransport(index, workers),
                                n_workers=n_workers, max_inflight=max_inflight,
                                call_messages=call_messages, linger_s=linger_s,
-                               rate_per_source=rate_per_source, key=key,
+                               behind_linger_s=behind_linger_s, rate_per_source=rate_per_source, key=key,
                                vw_every_s=vw_every_s, control=self.control, epoch=epoch,
                                dead_workers=dead_workers, capacities=capacities,
                                capacity_changes=capacity_changes,

@@ -392,6 +392,11 @@ class RunSpec(_Strict):
     #: 0 sends as soon as a window is open. 10 (default) moves 2.5-3x more
     #: with no emulated work (docs/benchmarks.md)
     linger_ms: NonNegFloat = 10.0
+    #: the linger of a source behind its input (its next batch already due:
+    #: ``rate`` 0, or paced and late): its messages wait for it anyway, and
+    #: larger calls let it catch up; latency under the offered rate keeps
+    #: ``linger_ms`` (docs/benchmarks.md)
+    behind_linger_ms: NonNegFloat = 50.0
     #: worker utilization time slot (s) for load signals and time series
     slot_s: Annotated[float, Field(gt=0)] = 0.5
     #: live stream: stop after this many seconds without new data

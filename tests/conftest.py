@@ -26,8 +26,8 @@ def ray_spark():
     """``(SparkSession)`` on a fresh local Ray cluster; both stopped at the end."""
     import ray
 
+    from actors.engine import ray_system_config
     from actors.spark_input import start_spark, stop_spark
-    from actors.telemetry import ray_system_config
 
     if ray.is_initialized():  # a previous fixture/test left one: start clean
         ray.shutdown()
@@ -37,7 +37,7 @@ def ray_spark():
         logging_level="WARNING",
         log_to_driver=False,
         configure_logging=True,
-        _system_config=ray_system_config() or None,  # live metrics pushed every second
+        _system_config=ray_system_config(),  # metrics every second, calls inline up to 1 MiB
     )
     try:
         spark = start_spark()

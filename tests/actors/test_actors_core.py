@@ -374,10 +374,11 @@ class InstantAcks(DirectTransport):
         return [x for tok in tokens for x in DirectTransport.wait(self, [tok], None)]
 
 
-def _calls_of(linger_s: float, rate: float = 0.0) -> tuple[list[tuple[float, int, float]],
-                                                            dict, collections.Counter]:
-    """A source (sg over 2 workers, batches of 100) with ``linger_s``: each call's
-    (time sent, messages, its oldest message's emit time), the stats and the count."""
+def _calls_of(linger_s: float, rate: float = 0.0, behind_linger_s: float | None = None
+              ) -> tuple[list[tuple[float, int, float]], dict, collections.Counter]:
+    """A source (sg over 2 workers, batches of 100) with ``linger_s`` (and
+    ``behind_linger_s``): each call's (time sent, messages, its oldest
+    message's emit time), the stats and the count."""
     ft = FakeTime()
     partials: list = []
     op = builtin_operator("wordcount")
@@ -394,7 +395,8 @@ def _calls_of(linger_s: float, rate: float = 0.0) -> tuple[list[tuple[float, int
 
     transport.send = recording_send
     src = SourceCore(0, make_grouping("sg", 2, seed=0), transport, n_workers=2,
-                     max_inflight=2, linger_s=linger_s, rate_per_source=rate, call_messages=200,
+                     max_inflight=2, linger_s=linger_s, behind_linger_s=behind_linger_s,
+                     rate_per_source=rate, call_messages=200,
                      clock=ft.clock, sleep=ft.sleep, t0=ft.t)
     keys = [f"k{i % 37}" for i in range(100)]
     stats = src.run([pa.table({"key": keys}) for _ in range(60)])  # 50 per worker and batch
@@ -433,6 +435,33 @@ def test_a_paced_source_sends_a_lingering_outbox_when_it_is_due() -> None:
     assert [sent - emit for sent, _, emit in calls[:2]] == [0.0, 0.0]
     for sent, n, emit in calls[2:]:
         assert n == 50 and sent - emit == pytest.approx(0.005, abs=1e-9)
+
+
+def test_a_source_behind_its_input_lingers_behind_linger_s() -> None:
+    """``behind_linger_s`` applies while the next batch is already due: an
+    unpaced source with ``linger_s`` 0 still fills its calls, while a paced
+    one on schedule keeps ``linger_s`` (every call leaves 5 ms after its
+    micro-batch was due, not 60 s)."""
+    unpaced, stats, _ = _calls_of(0.0, behind_linger_s=0.005)
+    assert [n for _, n, _ in unpaced] == [50, 50] + [200] * 28 + [150, 150]
+    paced, stats, _ = _calls_of(0.005, rate=1_000.0, behind_linger_s=60.0)
+    assert stats["calls"] == len(paced) == 120
+    for sent, n, emit in paced[2:]:
+        assert n == 50 and sent - emit == pytest.approx(0.005, abs=1e-9)
+
+
+def test_pacer_behind_is_an_unpaced_source_or_a_late_one() -> None:
+    from actors.source import Pacer
+
+    now = [10.0]
+    unpaced = Pacer(0.0, lambda: now[0], lambda s: None)
+    assert unpaced.behind(0) and unpaced.behind(10**9)
+    paced = Pacer(1_000.0, lambda: now[0], lambda s: None)
+    paced.start = 10.0
+    assert paced.behind(0)  # the first batch is due at the start
+    assert not paced.behind(500)  # due at 10.5 s
+    now[0] = 10.5
+    assert paced.behind(500)
 
 
 def test_a_dead_processing_thread_fails_waiting_batches_instead_of_hanging() -> None:
