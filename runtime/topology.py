@@ -389,8 +389,8 @@ class RunSpec(_Strict):
     #: a source holds a worker's routed messages back up to this long to fill
     #: one call (to ``call_messages``, ``CALL_S`` of the worker's measured work,
     #: or half its memory bound), so calls carry more than one micro-batch;
-    #: 0 sends as soon as a window is open. 10 (default) moves 2.5-3x more
-    #: with no emulated work (docs/benchmarks.md)
+    #: 0 (and ``behind_linger_ms`` 0) sends as soon as a window is open. 10
+    #: (default) moves 2.5-3x more with no emulated work (docs/benchmarks.md)
     linger_ms: NonNegFloat = 10.0
     #: the linger of a source behind its input (its next batch already due:
     #: ``rate`` 0, or paced and late): its messages wait for it anyway, and
