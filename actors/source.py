@@ -85,6 +85,9 @@ WAIT_SLICE_S = 0.25
 COMMIT_POLL_S = 0.5
 #: default ``run.call_messages``: most messages per worker call
 CALL_MESSAGES = 8192
+#: most messages a source behind its input routes in one step (whole
+#: micro-batches): one hash, split and ack poll for several batches
+STEP_MESSAGES = 8192
 
 
 class SourceFenced(RuntimeError):
@@ -148,6 +151,10 @@ def rebatch(blocks: Iterable[pa.Table], rows: int) -> Iterator[pa.Table]:
         tail = block.slice(whole) if whole < block.num_rows else None
     if tail is not None:
         yield tail
+
+
+def _concat(arrays: list[np.ndarray]) -> np.ndarray:
+    return arrays[0] if len(arrays) == 1 else np.concatenate(arrays)
 
 
 class Pacer:
@@ -392,7 +399,7 @@ class SourceCore:
         self.acked += loss.committed_unacked
         self.acked -= loss.acked_again
         self.acked_per_worker[w] -= loss.acked_again
-        replays = [self._route_entries(e.batch, e.idx, e.records, e.hashes, e.emit_ts,
+        replays = [self._route_entries([(e.batch, e.idx, e.emit_ts)], e.records, e.hashes,
                                        replay=True) for e in loss.lost]
         self.failures.lost({
             "worker": w, "cause": cause, "detected_ts": detected, "committed_seq": committed,
@@ -453,59 +460,97 @@ class SourceCore:
             self.vw_history.append((now - self.t0, [int(x) for x in per]))
 
     # ------------------------------------------------------------------ main loop
-    def _route_entries(self, batch: int, pos: np.ndarray, records: pa.RecordBatch,
-                       hashes: np.ndarray, emit: float, replay: bool = False) -> list[Entry]:
-        """Route messages ``pos`` of batch ``batch`` (``records`` and their key
-        ``hashes`` in the same order); queue one retained ``Entry`` per
-        destination worker."""
+    def _route_entries(self, batches: Sequence[tuple[int, np.ndarray, float]],
+                       records: pa.RecordBatch, hashes: np.ndarray,
+                       replay: bool = False) -> list[Entry]:
+        """Route one step's micro-batches: ``batches`` is each one's ``(batch,
+        positions, emit time)``, ``records`` and their key ``hashes`` hold their
+        messages in that order. Each batch is routed as if alone (the grouping
+        sees the same calls); the step is split by worker once and queues one
+        retained ``Entry`` per (batch, destination worker): the entries of a
+        worker are slices of one ``take`` (a call copies what it sends:
+        ``Part.join``)."""
+        sizes = [len(pos) for _, pos, _ in batches]
+        cuts = np.cumsum([0, *sizes])
         vws = None
         if self.grouping.coordinated:  # keep each message's VW: a new table re-routes
-            vws = self.grouping.route_virtual(hashes)
+            vws = _concat([self.grouping.route_virtual(hashes[cuts[j]:cuts[j + 1]])
+                           for j in range(len(batches))])
             dest = np.asarray(self.grouping.owner_of(vws), dtype=np.int64)
             self._report_load(vws)
         else:
-            dest = np.asarray(self.grouping.route(hashes), dtype=np.int64)
-        order = np.argsort(dest, kind="stable")
-        counts = np.bincount(dest, minlength=self.n_workers)
-        bounds = np.concatenate([[0], np.cumsum(counts)])
+            dest = np.asarray(_concat([self.grouping.route(hashes[cuts[j]:cuts[j + 1]])
+                                       for j in range(len(batches))]), dtype=np.int64)
+        k = len(batches)
+        cell = dest * k + np.repeat(np.arange(k), sizes) if k > 1 else dest
+        cells = self.n_workers * k  # (worker, batch) cells, worker-major
+        order = np.argsort(cell.astype(np.uint16) if cells <= 1 << 16 else cell, kind="stable")
+        counts = np.bincount(cell, minlength=cells).reshape(self.n_workers, k)
+        per_worker = counts.sum(axis=1)
+        ends = np.cumsum(per_worker)
+        pos = _concat([p for _, p, _ in batches])
         out = []
-        for w in np.flatnonzero(counts):
-            sel = order[bounds[w]:bounds[w + 1]]
-            e = self.log.add(Entry(int(w), batch, pos[sel], take(records, sel), hashes[sel],
-                                   emit, replay=replay, vws=None if vws is None else vws[sel]))
-            self.outboxes.queue(e)
-            self.sent_per_worker[w] += len(sel)
-            out.append(e)
+        for w in np.flatnonzero(per_worker):
+            sel = order[ends[w] - per_worker[w]:ends[w]]
+            recs, hs, ps = take(records, sel), hashes[sel], pos[sel]
+            vv = None if vws is None else vws[sel]
+            whole = np.count_nonzero(counts[w]) == 1  # one entry: no slicing
+            off = 0
+            for j in np.flatnonzero(counts[w]):
+                c = int(counts[w, j])
+                b, _, emit = batches[j]
+                e = self.log.add(Entry(
+                    int(w), b, ps[off:off + c], recs if whole else recs.slice(off, c),
+                    hs[off:off + c], emit, replay=replay,
+                    vws=None if vv is None else vv[off:off + c]))
+                self.outboxes.queue(e)
+                out.append(e)
+                off += c
+            self.sent_per_worker[w] += int(per_worker[w])
         self.retained_peak = max(self.retained_peak, self.log.messages)
         self.retained_peak_bytes = max(self.retained_peak_bytes, self.log.nbytes)
         return out
 
     def send_batch(self, table: pa.Table, emit_ts: float | None = None, *,
                    batch: int | None = None, idx: np.ndarray | None = None) -> None:
-        """Route one micro-batch, queue its per-worker sub-batches in the
-        workers' outboxes and send what the in-flight windows allow.
+        """Route one micro-batch (``send_step`` of one).
 
         ``emit_ts``: when the batch was due (its messages' latency starts
-        there); default now. Time spent in an outbox is latency. ``batch``:
-        its sequence number (default: the next one); ``idx``: the positions of
-        ``table``'s rows in that batch (default: all, in order).
+        there); default now. ``batch``: its sequence number (default: the next
+        one); ``idx``: the positions of ``table``'s rows in that batch
+        (default: all, in order).
         """
+        self.send_step([(table, emit_ts, batch)], idx)
+
+    def send_step(self, batches: Sequence[tuple[pa.Table, float | None, int | None]],
+                  idx: np.ndarray | None = None) -> None:
+        """Route micro-batches ``(table, emit_ts, batch)`` in one step, queue
+        their per-worker sub-batches in the workers' outboxes and send what the
+        in-flight windows allow (time spent in an outbox is latency). One step
+        hashes and splits its batches together and polls acks once: a source
+        behind its input routes several per step (``STEP_MESSAGES``).
+        ``idx`` (one batch only): the positions of its rows in that batch."""
         t = self.clock()
-        emit = t if emit_ts is None else emit_ts
-        n = table.num_rows
-        if n == 0:
+        todo = []
+        for table, emit_ts, batch in batches:
+            if table.num_rows == 0:
+                continue
+            if batch is None:
+                batch = self.next_batch
+                self.next_batch += 1
+            pos = (np.arange(table.num_rows, dtype=IDX_DTYPE) if idx is None
+                   else np.asarray(idx, IDX_DTYPE))
+            todo.append((table, (batch, pos, t if emit_ts is None else emit_ts)))
+        if not todo:
             return
-        records = as_record_batch(table)
+        tables = [tb for tb, _ in todo]
+        records = as_record_batch(tables[0] if len(tables) == 1 else pa.concat_tables(tables))
         hashes = hash_arrow(records.column(self.key))  # the only time a key is hashed
-        if batch is None:
-            batch = self.next_batch
-            self.next_batch += 1
-        pos = np.arange(n, dtype=IDX_DTYPE) if idx is None else np.asarray(idx, IDX_DTYPE)
-        self._route_entries(batch, pos, records, hashes, emit)
+        self._route_entries([item for _, item in todo], records, hashes)
         self.route_s += self.clock() - t
-        self.routed += n
-        self.batches += 1
-        self.outboxes.saw_batch(n)
+        self.routed += records.num_rows
+        self.batches += len(todo)
+        self.outboxes.saw_batch(max(tb.num_rows for tb in tables))
         self._flush()
         # backpressure: the memory bound blocks this source on a worker that
         # holds too much, while the others keep being fed instead of idling
@@ -569,26 +614,61 @@ class SourceCore:
             self.load_reports.start(max(start, self.t0))
         self._record_vw(force=True)
         resume = self.resume = Resume(plan) if plan is not None else None
+        step: list[tuple[pa.Table, float | None, int]] = []  # batches not routed yet
+        rows = room = 0  # their messages; most messages the step may take
         for b, item in enumerate(batches):
-            self._check_notices()
             table, handed = item if isinstance(item, tuple) else (item, None)
-            due = self.pacer.due(self.routed, handed)
             if resume is not None and resume.covers(b):
-                if resume.skips(b):
-                    self.next_batch = b + 1
-                    continue
-                self._resume_batch(resume, b, table, due)
-            else:
-                # paced: the batch was due at its scheduled time, even if we are late
-                self.send_batch(table, due, batch=b)
-            self.next_batch = b + 1
-            self.pacer.wait_until_due(self.routed, self.outboxes.linger_deadlines,
-                                lambda: self._flush(force=True))
+                self._send(step)
+                step, rows = [], 0
+                self._check_notices()
+                if not resume.skips(b):
+                    self._resume_batch(resume, b, table, self.pacer.due(self.routed, handed))
+                self.next_batch = b + 1
+                self._pace()
+                continue
+            if not step:
+                room = self._step_room()
+            # paced: the batch was due at its scheduled time, even if we are late
+            step.append((table, self.pacer.due(self.routed + rows, handed), b))
+            rows += table.num_rows
+            # a source behind its input takes the batches that are due in one
+            # step, up to its room; a live stream's batch goes at once
+            if (handed is None and rows + table.num_rows <= room
+                    and self.pacer.behind(self.routed + rows)):
+                continue
+            self._send(step)
+            step, rows = [], 0
+            self._pace()
+        self._send(step)
         self.drain()
         self._report_load(final=True)
         self._record_vw(force=True)
         self.done = True
         return self.stats(start)
+
+    def _send(self, step: list[tuple[pa.Table, float | None, int]]) -> None:
+        """Route a step of ``run``'s batches (none: nothing to do)."""
+        if step:
+            self._check_notices()
+            self.send_step(step)
+            self.next_batch = step[-1][2] + 1
+
+    def _step_room(self) -> int:
+        """Most messages the next step may route: ``STEP_MESSAGES``, and no
+        more than any worker can take below its memory bound (the bound holds
+        as with one batch per step: a step of one batch may overshoot it).
+        None beyond one batch when outboxes never linger behind the input
+        (``behind_linger_s`` 0: each batch is sent on its own)."""
+        if self.outboxes.behind_linger_s <= 0:  # each batch sent on its own
+            return 0
+        room = (self.outboxes.bounds() - self.outboxes.held_n()).min()
+        return int(min(STEP_MESSAGES, room))
+
+    def _pace(self) -> None:
+        """Wait until the next batch is due (``run.rate``), sending meanwhile."""
+        self.pacer.wait_until_due(self.routed, self.outboxes.linger_deadlines,
+                                  lambda: self._flush(force=True))
 
     def _resume_batch(self, resume: Resume, b: int, table: pa.Table,
                       due: float | None) -> None:

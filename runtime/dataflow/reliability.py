@@ -169,11 +169,11 @@ class Part:
                   np.array([len(e.idx) for e in entries], dtype=np.int64),
                   np.concatenate([e.idx for e in entries]) if len(entries) > 1
                   else entries[0].idx, int(watermark))
-        if len(entries) == 1:
-            records, hashes = entries[0].records, entries[0].hashes
-        else:
-            records = pa.concat_batches([e.records for e in entries])
-            hashes = np.concatenate([e.hashes for e in entries])
+        # a copy, also of one entry: an entry may be a slice of a larger batch,
+        # and pickling a slice sends its parent's whole buffers
+        records = pa.concat_batches([e.records for e in entries])
+        hashes = (np.concatenate([e.hashes for e in entries]) if len(entries) > 1
+                  else entries[0].hashes)
         emit = np.array([e.emit_ts for e in entries], dtype=np.float64)
         return cls(tag, records, hashes, emit)
 

@@ -102,8 +102,8 @@ def test_idle_source_sends_what_its_outboxes_hold() -> None:
                      max_inflight=1, call_messages=10, clock=ft.clock, sleep=ft.sleep,
                      t0=ft.t)
     # two batches, one call each: the second waits in the outbox for the first's ack
-    src._route_entries(0, *_routed(src, _table(10)))
-    src._route_entries(1, *_routed(src, _table(10, 10)))
+    _route(src, 0, _table(10))
+    _route(src, 1, _table(10, 10))
     src._flush()
     assert src.outboxes.queued_n[0] == 10 and len(src.outboxes.inflight) == 1
     src.idle(0.02)  # takes the ack, sends the rest
@@ -114,20 +114,21 @@ def test_idle_source_sends_what_its_outboxes_hold() -> None:
     src.idle(0.02)  # nothing left: it sleeps
     assert ft.t == pytest.approx(before + 0.02)
     src.outboxes.linger_s = 60.0  # no data to wait for: an outbox does not linger
-    src._route_entries(2, *_routed(src, _table(5, 20)))
+    _route(src, 2, _table(5, 20))
     src.idle(0.02)
     assert src.outboxes.queued_n[0] == 0 and src.outboxes.calls == 3
 
 
-def _routed(src: SourceCore, table: pa.Table):
+def _route(src: SourceCore, batch: int, table: pa.Table) -> None:
+    """Route ``table`` as batch ``batch`` into the outboxes, without sending."""
     import numpy as np
 
     from actors.source import as_record_batch
     from runtime.hashing import hash_arrow
 
     records = as_record_batch(table)
-    return (np.arange(table.num_rows, dtype=np.int64), records,
-            hash_arrow(records.column("key")), src.clock())
+    src._route_entries([(batch, np.arange(table.num_rows, dtype=np.int64), src.clock())],
+                       records, hash_arrow(records.column("key")))
 
 
 def test_split_even_keeps_order_and_sizes_within_one() -> None:
