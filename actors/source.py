@@ -498,7 +498,7 @@ class SourceCore:
             off = 0
             for j in np.flatnonzero(counts[w]):
                 c = int(counts[w, j])
-                b, _, emit = batches[j]
+                b, _, emit = batches[int(j)]
                 e = self.log.add(Entry(
                     int(w), b, ps[off:off + c], recs if whole else recs.slice(off, c),
                     hs[off:off + c], emit, replay=replay,
