@@ -309,6 +309,7 @@ class SourceCore:
         self.retained_peak = 0  # most messages held in the replay log at once
         self.retained_peak_bytes = 0  # and bytes
         self.rerouted = 0  # unsent messages moved by a new VW table (coordinated schemes)
+        self.blocked = False  # the last step waited for a worker below its memory bound
         self.vw_every_s = float(vw_every_s)
         self.vw_history: list[tuple[float, list[int]]] = []
         self._next_vw = -np.inf
@@ -556,7 +557,9 @@ class SourceCore:
         # holds too much, while the others keep being fed instead of idling
         # behind it
         blocked = self.clock()
+        self.blocked = False
         while self.outboxes.over_bound():
+            self.blocked = True
             self._flush(force=True)  # blocked: nothing lingers
             self._wait_some()
             blocked = self._learn_commits(blocked)
@@ -659,8 +662,11 @@ class SourceCore:
         more than any worker can take below its memory bound (the bound holds
         as with one batch per step: a step of one batch may overshoot it).
         None beyond one batch when outboxes never linger behind the input
-        (``behind_linger_s`` 0: each batch is sent on its own)."""
-        if self.outboxes.behind_linger_s <= 0:  # each batch sent on its own
+        (``behind_linger_s`` 0: each batch is sent on its own), nor after a
+        step that had to wait for a worker (the workers, not the source's
+        CPU, set the pace: a source routes, then takes acks and tables, batch
+        by batch)."""
+        if self.outboxes.behind_linger_s <= 0 or self.blocked:
             return 0
         room = (self.outboxes.bounds() - self.outboxes.held_n()).min()
         return int(min(STEP_MESSAGES, room))
