@@ -24,6 +24,16 @@ seen: CG moves virtual workers on piggybacked signals, FISH learns service
 times from ack timings through the grouping's clock. The source never reads
 the configured capacities.
 
+A source *behind* its input (unpaced, or paced and late) routes several
+micro-batches per *step*, up to ``STEP_MESSAGES`` (8,192) and the room below
+every worker's memory bound: it hashes them, splits them by worker (one
+``take`` per worker) and polls acks once for the step instead of once per
+batch. The grouping still routes each batch alone and the replay log keeps
+one entry per (batch, worker), so routing decisions, replay and results are
+those of one batch per step. A step right after one that had to wait for a
+worker (backpressure: the workers set the pace, not the source's CPU) and
+any step with ``behind_linger_s`` 0 take one batch.
+
 ``run.rate`` (messages/s over all sources) is honoured by pacing each source at
 ``rate / sources`` on its own clock (``Pacer``). A message's latency starts when its
 batch was due: its scheduled time when paced (a source that falls behind or

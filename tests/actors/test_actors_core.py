@@ -426,6 +426,115 @@ def test_lingering_outboxes_fill_calls_across_micro_batches() -> None:
     assert stats["calls"] == 32 and eager_stats["calls"] == 120
 
 
+def _steps_of(behind_linger_s: float, rate: float = 0.0
+              ) -> tuple[list[int], list[tuple[int, int, tuple[int, ...]]]]:
+    """An sg source over 2 workers routing 60 batches of 100 (linger 0,
+    ``behind_linger_s``, paced at ``rate``): how many batches each step
+    routed, and every sub-batch sent as (worker, batch, positions), sorted.
+    Asserts that the grouping saw each batch alone and the exact count."""
+    from actors.source import STEP_MESSAGES
+
+    ft = FakeTime()
+    partials: list = []
+    workers = make_workers(2, ft, partials)
+    transport = InstantAcks(workers)
+    segments: list[tuple[int, int, tuple[int, ...]]] = []  # (worker, batch, positions)
+    send = transport.send
+
+    def recording_send(worker, parts):
+        for p in parts:
+            ends = np.cumsum(p.tag.counts)
+            for b, e, c in zip(p.tag.batches, ends, p.tag.counts, strict=True):
+                segments.append((worker, int(b), tuple(p.tag.idx[e - c:e].tolist())))
+        return send(worker, parts)
+
+    transport.send = recording_send
+    grouping = make_grouping("sg", 2, seed=0)
+    routed: list[int] = []
+    route = grouping.route
+    grouping.route = lambda h: (routed.append(len(h)), route(h))[1]
+    src = SourceCore(0, grouping, transport, n_workers=2, max_inflight=2, linger_s=0.0,
+                     behind_linger_s=behind_linger_s, rate_per_source=rate,
+                     clock=ft.clock, sleep=ft.sleep, t0=ft.t)
+    steps: list[int] = []
+    send_step = src.send_step
+
+    def counting_step(batches, idx=None):
+        steps.append(len(batches))
+        return send_step(batches, idx)
+
+    src.send_step = counting_step
+    keys = [f"k{i % 37}" for i in range(100)]
+    stats = src.run([pa.table({"key": keys}) for _ in range(60)])
+    assert stats["acked"] == 6_000 and stats["batches"] == 60
+    assert routed == [100] * 60  # each batch routed alone, in order
+    assert sorted((b, len(idx)) for _, b, idx in segments) == [
+        (b, 50) for b in range(60) for _ in (0, 1)]  # sg: one sub-batch of 50 per worker
+    for w in workers:
+        w.finish()
+    total: collections.Counter = collections.Counter()
+    for p in partials:
+        t = builtin_operator("wordcount").finish(p.partial)
+        total.update(dict(zip(t.column("key").to_pylist(), t.column("count").to_pylist(),
+                              strict=True)))
+    assert total == collections.Counter(keys * 60)
+    assert sum(steps) == 60 and max(steps) * 100 <= STEP_MESSAGES
+    return steps, sorted(segments)
+
+
+def test_a_source_behind_its_input_routes_several_batches_per_step() -> None:
+    """Unpaced, with outboxes that linger behind the input, a source routes
+    several micro-batches per step (one hash, split and ack poll for all of
+    them) - the first alone, while the workers' memory bounds are still one
+    batch's worth; with ``behind_linger_s`` 0, or paced on schedule, one batch
+    per step as before."""
+    steps, sent = _steps_of(0.005)
+    assert steps[0] == 1 and len(steps) < 10
+    one_steps, one_sent = _steps_of(0.0)
+    assert one_steps == [1] * 60
+    assert sent == one_sent  # the same sub-batches: batch, worker and positions
+    assert _steps_of(0.005, rate=1_000.0)[0] == [1] * 60
+
+
+def test_a_step_stays_below_the_memory_bound_and_a_blocked_source_steps_one_batch() -> None:
+    """A slow worker: the source holds no more than with one batch per step
+    (``test_outboxes_are_bounded_and_keep_fifo_per_worker``), and after a
+    step that waited for the worker, the next one routes a single batch."""
+    ft = FakeTime()
+    workers = make_workers(2, ft, [])
+    workers[1].service = type(workers[1].service)(5_000.0, clock=ft.clock, sleep=ft.sleep)
+    src = SourceCore(0, make_grouping("sg", 2, seed=0), DirectTransport(workers), n_workers=2,
+                     max_inflight=2, outbox=3, call_messages=100, linger_s=0.005,
+                     clock=ft.clock, sleep=ft.sleep, t0=ft.t)
+    after_blocked: list[int] = []
+    send_step = src.send_step
+
+    def watching_step(batches, idx=None):
+        if src.blocked:
+            after_blocked.append(len(batches))
+        return send_step(batches, idx)
+
+    src.send_step = watching_step
+    stats = src.run([pa.table({"key": [f"k{i}" for i in range(100)]}) for _ in range(40)])
+    assert stats["acked"] == 4_000
+    assert after_blocked and set(after_blocked) == {1}
+
+
+def test_a_call_of_one_sliced_entry_sends_only_its_rows() -> None:
+    """A step's entries are slices of one ``take`` per worker; a call copies
+    them (``Part.join``), so it pickles its own rows, not the parent's."""
+    import pickle
+
+    from runtime.dataflow.reliability import Entry
+
+    parent = pa.record_batch({"key": pa.array([f"key-{i:06d}" for i in range(10_000)])})
+    hashes = np.arange(10_000, dtype=np.uint64)
+    entry = Entry(0, 3, np.arange(10, dtype=np.int32), parent.slice(100, 10), hashes[100:110], 0.0)
+    part = Part.join(0, 0, 0, [entry])
+    assert part.records.column("key").to_pylist() == [f"key-{i:06d}" for i in range(100, 110)]
+    assert len(pickle.dumps(part, protocol=5)) < 2_000 < len(pickle.dumps(parent, protocol=5))
+
+
 def test_a_paced_source_sends_a_lingering_outbox_when_it_is_due() -> None:
     """Paced at 1,000 msgs/s (a batch every 0.1 s), nothing fills a call: every
     call leaves exactly ``linger_s`` after its micro-batch was due - but a
