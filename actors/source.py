@@ -319,7 +319,7 @@ class SourceCore:
         self.retained_peak = 0  # most messages held in the replay log at once
         self.retained_peak_bytes = 0  # and bytes
         self.rerouted = 0  # unsent messages moved by a new VW table (coordinated schemes)
-        self.blocked = False  # the last step waited for a worker below its memory bound
+        self.blocked = False  # the last step waited for a worker to get below its memory bound
         self.vw_every_s = float(vw_every_s)
         self.vw_history: list[tuple[float, list[int]]] = []
         self._next_vw = -np.inf
@@ -480,7 +480,8 @@ class SourceCore:
         sees the same calls); the step is split by worker once and queues one
         retained ``Entry`` per (batch, destination worker): the entries of a
         worker are slices of one ``take`` (a call copies what it sends:
-        ``Part.join``)."""
+        ``Part.join``; the take lives until its last slice is released, so
+        memory may exceed the log's count by one step per worker)."""
         sizes = [len(pos) for _, pos, _ in batches]
         cuts = np.cumsum([0, *sizes])
         vws = None
