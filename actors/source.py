@@ -320,6 +320,8 @@ class SourceCore:
         self.retained_peak_bytes = 0  # and bytes
         self.rerouted = 0  # unsent messages moved by a new VW table (coordinated schemes)
         self.blocked = False  # the last step waited for a worker to get below its memory bound
+        self._step: list[tuple[pa.Table, float | None, int]] = []  # run's batches not routed yet
+        self._step_rows = 0  # their messages
         self.vw_every_s = float(vw_every_s)
         self.vw_history: list[tuple[float, list[int]]] = []
         self._next_vw = -np.inf
@@ -605,7 +607,9 @@ class SourceCore:
     def idle(self, timeout: float) -> None:
         """Nothing to route yet (a live stream between micro-batches): for at
         most ``timeout`` s take acks and send what the outboxes hold, so no
-        routed message waits for the next data."""
+        routed message waits for the next data - nor a step being filled (a
+        shard whose next chunk is not in yet)."""
+        self._send()
         if self.outboxes.busy():
             self._flush(force=True)  # no data to wait for: nothing lingers
             self._wait_some(timeout)
@@ -628,41 +632,39 @@ class SourceCore:
             self.load_reports.start(max(start, self.t0))
         self._record_vw(force=True)
         resume = self.resume = Resume(plan) if plan is not None else None
-        step: list[tuple[pa.Table, float | None, int]] = []  # batches not routed yet
-        rows = room = 0  # their messages; most messages the step may take
+        room = 0  # most messages the step being filled may take
         for b, item in enumerate(batches):
             table, handed = item if isinstance(item, tuple) else (item, None)
             if resume is not None and resume.covers(b):
-                self._send(step)
-                step, rows = [], 0
+                self._send()
                 self._check_notices()
                 if not resume.skips(b):
                     self._resume_batch(resume, b, table, self.pacer.due(self.routed, handed))
                 self.next_batch = b + 1
                 self._pace()
                 continue
-            if not step:
+            if not self._step:
                 room = self._step_room()
             # paced: the batch was due at its scheduled time, even if we are late
-            step.append((table, self.pacer.due(self.routed + rows, handed), b))
-            rows += table.num_rows
+            self._step.append((table, self.pacer.due(self.routed + self._step_rows, handed), b))
+            self._step_rows += table.num_rows
             # a source behind its input takes the batches that are due in one
             # step, up to its room; a live stream's batch goes at once
-            if (handed is None and rows + table.num_rows <= room
-                    and self.pacer.behind(self.routed + rows)):
+            if (handed is None and self._step_rows + table.num_rows <= room
+                    and self.pacer.behind(self.routed + self._step_rows)):
                 continue
-            self._send(step)
-            step, rows = [], 0
+            self._send()
             self._pace()
-        self._send(step)
+        self._send()
         self.drain()
         self._report_load(final=True)
         self._record_vw(force=True)
         self.done = True
         return self.stats(start)
 
-    def _send(self, step: list[tuple[pa.Table, float | None, int]]) -> None:
-        """Route a step of ``run``'s batches (none: nothing to do)."""
+    def _send(self) -> None:
+        """Route the step ``run`` is filling (``_step``), if any."""
+        step, self._step, self._step_rows = self._step, [], 0
         if step:
             self._check_notices()
             self.send_step(step)

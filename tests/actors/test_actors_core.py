@@ -496,6 +496,29 @@ def test_a_source_behind_its_input_routes_several_batches_per_step() -> None:
     assert _steps_of(0.005, rate=1_000.0)[0] == [1] * 60
 
 
+def test_a_step_being_filled_goes_when_the_source_waits_for_input() -> None:
+    """A shard whose next chunk is not in yet makes the source idle
+    (``SourceActor._wait_for_input``): the batches of the step it was filling
+    are routed and sent then, not when the next chunk comes."""
+    ft = FakeTime()
+    workers = make_workers(2, ft, [])
+    src = SourceCore(0, make_grouping("sg", 2, seed=0), InstantAcks(workers), n_workers=2,
+                     linger_s=0.0, behind_linger_s=0.005, clock=ft.clock, sleep=ft.sleep,
+                     t0=ft.t)
+    at_idle: list[tuple[int, int]] = []
+
+    def chunks():
+        for _chunk in range(3):
+            for _ in range(5):
+                yield pa.table({"key": [f"k{i}" for i in range(100)]})
+            src.idle(0.01)  # waiting for the next chunk
+            at_idle.append((src.routed, int(src.outboxes.queued_n.sum())))
+
+    stats = src.run(chunks())
+    assert stats["acked"] == 1_500
+    assert at_idle == [(500, 0), (1_000, 0), (1_500, 0)]
+
+
 def test_a_step_stays_below_the_memory_bound_and_a_blocked_source_steps_one_batch() -> None:
     """A slow worker: the source holds no more than with one batch per step
     (``test_outboxes_are_bounded_and_keep_fifo_per_worker``), and after a
