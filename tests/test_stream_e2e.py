@@ -68,7 +68,7 @@ def test_files_dropped_into_a_live_stream_are_counted_once(ray_spark, tmp_path) 
     its checkpoint); SIGTERM once everything is in: exact."""
     import ray
 
-    from actors.pipeline import run_live
+    from actors.pipeline import run_with_restarts
 
     words = pq.read_table(WORDS).slice(0, 70_000)
     sizes = [20_000, 10_000, 10_000, 10_000, 10_000, 10_000]
@@ -115,7 +115,7 @@ def test_files_dropped_into_a_live_stream_are_counted_once(ray_spark, tmp_path) 
             if len(namespace) == 1:
                 threading.Thread(target=feed, daemon=True).start()
 
-    report = run_live(topo, out, ray_spark, progress=False, log=log)
+    report = run_with_restarts(topo, out, ray_spark, progress=False, log=log)
     assert not failure, failure
     stream = report["stream"]
     assert stream["restarts"] == ["the aggregator died", "source-0 died"]

@@ -355,3 +355,69 @@ def test_resume_needs_a_checkpoint_and_a_checkpoint_needs_resume(tmp_path, capsy
         main([str(topo), "--out", str(out)])
     assert e.value.code == 2
     assert "holds a live stream's checkpoint: add --resume" in capsys.readouterr().err
+
+
+def test_a_source_routes_nothing_after_a_cut_until_the_checkpoint_lets_it_go(
+        monkeypatch) -> None:
+    """However long the checkpoint takes: a source that went on after a wait
+    (it used to, after ``CUT_WAIT_S``) would route rows from after the cut, and
+    the checkpoint would then label them with the earlier batch id - counted
+    again on a resume."""
+    import time
+
+    from actors import source as source_mod
+
+    monkeypatch.setattr(source_mod, "CUT_WAIT_S", 0.05, raising=False)
+    src = source_mod.SourceActor(0, None, [], "kg", 2, 0, {}, batch=10, max_inflight=2,
+                                 rate_per_source=0.0, key="key")
+    assert src.inbox is not None
+    src.feed(_table(5), 1.0)
+    src.cut()
+    src.feed(_table(5, 5), 2.0)
+    src.end_stream()
+    got: list[int] = []
+
+    def consume() -> None:
+        for table, _ in src._stream_batches(src.inbox):
+            got.append(table.num_rows)
+
+    th = threading.Thread(target=consume, daemon=True)
+    th.start()
+    assert src.reached_cut(timeout=5)
+    time.sleep(0.3)  # the checkpoint is being saved (slowly)
+    assert got == [5], "rows after the cut were routed before the checkpoint was saved"
+    src.pass_cut()
+    th.join(5)
+    assert got == [5, 5]
+
+
+def test_a_failed_attempt_returns_only_once_its_checkpoint_save_ended(tmp_path) -> None:
+    """``release`` waits for a checkpoint being saved: an old save finishing
+    beside the next attempt would drop logged micro-batches that attempt
+    replays (it read the checkpoint before that save)."""
+    import time
+
+    from actors.pipeline import _PipelineRun
+
+    topo = load_topology({"name": "t", "input": {"format": "zipf", "messages": 10}})
+    saved = threading.Event()
+
+    def save() -> None:
+        time.sleep(0.3)
+        saved.set()
+
+    class Stream:
+        def __init__(self) -> None:
+            self._checkpointer = threading.Thread(target=save, daemon=True)
+            self._checkpointer.start()
+
+        def stop(self) -> None:
+            pass
+
+        def finish_checkpoints(self) -> None:
+            self._checkpointer.join()
+
+    run = _PipelineRun(topo, tmp_path, None, progress=False, log=None)
+    run.stream = Stream()  # type: ignore[assignment]
+    run.release()
+    assert saved.is_set(), "release returned while a checkpoint was still being saved"
