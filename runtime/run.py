@@ -15,7 +15,14 @@ import os
 import sys
 from pathlib import Path
 
-from runtime.cli import base_parser, check_address, fail, load_or_exit, run_main
+from runtime.cli import (
+    base_parser,
+    check_address,
+    claim_out_dir,
+    fail,
+    load_or_exit,
+    run_main,
+)
 from runtime.reporting.report import default_out_dir, summary_table
 from runtime.topology import Topology, TopologyError
 
@@ -93,17 +100,20 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     check_address(args.address)
     out = args.out or default_out_dir(topo.name)
+    resume = False
     if args.resume:
-        _take_over(topo, args.out)
+        resume = _take_over(topo, args.out)
     elif topo.input.stream and (Path(out) / ".checkpoint").exists():
         fail(f"--out: {out} holds a live stream's checkpoint: add --resume to continue that "
              f"stream, or choose another --out")
+    else:
+        claim_out_dir(out)
 
     from actors.engine import RayEngine, SparkSizing
 
     sizing = SparkSizing(executors, cores, args.spark_executor_memory, spark_conf)
     with RayEngine(topo.name, args.address, topo=topo, spark=sizing) as engine:
-        report = engine.run(topo, out, progress=not args.no_progress, resume=args.resume,
+        report = engine.run(topo, out, progress=not args.no_progress, resume=resume,
                             verify=args.verify)
     print(summary_table(report))
     print(f"\noutputs: {out}")
@@ -114,22 +124,23 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def _take_over(topo: Topology, out: str | None) -> None:
-    """``--resume``: check there is a stream to continue and that its driver is
-    gone; stop what is left of that run's Ray and Spark processes."""
+def _take_over(topo: Topology, out: Path | None) -> bool:
+    """``--resume``: check that the stream's driver is gone (``--out`` is
+    claimed: no other run holds it) and stop what is left of that run's Ray and
+    Spark processes. ``True``: continue from its checkpoint; ``False``: it died
+    before its first checkpoint (nothing was committed), so the stream starts
+    afresh."""
     from runtime.dataflow import checkpoint
 
     if not topo.input.stream:
         fail("--resume: only for a live stream (input.stream: true)")
     if out is None:
         fail("--resume: needs --out DIR, the output directory of the stream to continue")
+    claim_out_dir(out)
     try:
         found = checkpoint.load(out)
     except ValueError as e:
         fail(f"--resume: {e}")
-    if found is None:
-        fail(f"--resume: no checkpoint in {out} (a live stream's --out, with "
-             f"run.checkpoint: true)")
     driver = checkpoint.recorded_driver(out)
     if driver is not None and driver != os.getpid():
         fail(f"--resume: the run that writes {out} is still running (pid {driver}); "
@@ -137,6 +148,15 @@ def _take_over(topo: Topology, out: str | None) -> None:
     left = checkpoint.stop_leftovers(out)
     if left:
         print(f"resume: stopped {left} process(es) left by the dead run", file=sys.stderr)
+    if found is not None:
+        return True
+    try:
+        checkpoint.discard_unstarted(out)
+    except ValueError as e:
+        fail(f"--resume: {e}")
+    print(f"resume: no checkpoint in {out} yet (its run died before the first one; nothing "
+          f"was committed): starting the stream afresh", file=sys.stderr)
+    return False
 
 
 if __name__ == "__main__":
