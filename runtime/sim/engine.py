@@ -16,7 +16,7 @@ granularity; no I/O, no wall clock, no Ray.
 - Source ``s`` routes each batch with its *own* grouping instance
   (``seed = run.seed + s``; local state only, clock = simulated time), splits
   it by worker and queues the sub-batches in per-worker outboxes, as the real
-  source (``actors/source.py``): a sub-batch is sent when its worker has fewer
+  source (``runtime/dataflow/source.py``): a sub-batch is sent when its worker has fewer
   than ``run.max_inflight`` unacknowledged sub-batches from this source, and
   the source takes its next batch only while no outbox holds more than
   ``outbox * run.batch`` messages (``outbox`` defaults to ``max_inflight``;
@@ -38,7 +38,7 @@ granularity; no I/O, no wall clock, no Ray.
   latency = finish - emit.
 - A sub-batch is acknowledged ``ack_delay_s`` after its last message
   finishes; the ack carries the acked count and a load signal.
-- Utilization, as the real worker measures it (``actors/worker.py``):
+- Utilization, as the real worker measures it (``runtime/dataflow/worker.py``):
   ``U_w = queue length in batches / queue capacity``, where a sub-batch counts
   from its arrival until its last message finishes and the queue capacity is
   ``min(workers.queue_batches, sources * run.max_inflight)`` batches (the most

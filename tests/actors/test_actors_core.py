@@ -11,9 +11,9 @@ import pyarrow as pa
 import pytest
 from conftest import FakeTime
 
-from actors.aggregator import AggregatorCore
-from actors.source import SourceCore, rebatch
-from actors.worker import WorkerCore
+from runtime.dataflow.aggregator import AggregatorCore
+from runtime.dataflow.source import SourceCore, rebatch
+from runtime.dataflow.worker import WorkerCore
 from runtime.dataflow.reliability import Part
 from runtime.grouping import make_grouping
 from runtime.grouping.signals import WorkerSignals
@@ -432,7 +432,7 @@ def _steps_of(behind_linger_s: float, rate: float = 0.0
     ``behind_linger_s``, paced at ``rate``): how many batches each step
     routed, and every sub-batch sent as (worker, batch, positions), sorted.
     Asserts that the grouping saw each batch alone and the exact count."""
-    from actors.source import STEP_MESSAGES
+    from runtime.dataflow.source import STEP_MESSAGES
 
     ft = FakeTime()
     partials: list = []
@@ -583,7 +583,7 @@ def test_a_source_behind_its_input_lingers_behind_linger_s() -> None:
 
 
 def test_pacer_behind_is_an_unpaced_source_or_a_late_one() -> None:
-    from actors.source import Pacer
+    from runtime.dataflow.source import Pacer
 
     now = [10.0]
     unpaced = Pacer(0.0, lambda: now[0], lambda s: None)

@@ -11,7 +11,7 @@ import pytest
 
 from actors import telemetry
 from actors.telemetry import METRICS, RecordingSink, RunTelemetry, SourceTelemetry, WorkerTelemetry
-from actors.worker import WorkerCore
+from runtime.dataflow.worker import WorkerCore
 from runtime.dataflow.reliability import Part
 from runtime.grouping import make_grouping
 from runtime.operators import WorkerApp, builtin_operator

@@ -10,9 +10,9 @@ import numpy as np
 import pyarrow as pa
 from conftest import FakeTime
 
-from actors.aggregator import AggregatorCore
-from actors.source import SourceCore
-from actors.worker import WorkerCore
+from runtime.dataflow.aggregator import AggregatorCore
+from runtime.dataflow.source import SourceCore
+from runtime.dataflow.worker import WorkerCore
 from runtime.dataflow.reliability import (
     ClaimLog,
     CommitLedger,
@@ -322,7 +322,7 @@ def test_a_source_blocked_by_backpressure_learns_commits_from_the_aggregator() -
     """While a source waits on one worker it gets no acks from the others, so
     it asks the aggregator what is committed (every COMMIT_POLL_S) and its
     replay log releases those workers' processed sub-batches."""
-    from actors.source import COMMIT_POLL_S
+    from runtime.dataflow.source import COMMIT_POLL_S
 
     ft = FakeTime()
     c = Cluster(2, ft, aggregate_every_s=1e6)  # flushes only when forced

@@ -1,6 +1,6 @@
 """A source's side of recovery: membership, worker deaths, a restart's resume.
 
-Plain classes, no Ray (``actors.source.SourceCore`` composes them; the
+Plain classes, no Ray (``runtime.dataflow.source.SourceCore`` composes them; the
 exactly-once bookkeeping itself is ``runtime.dataflow.reliability``):
 
 - ``Membership``: the workers the source routes to, kept in step with its
