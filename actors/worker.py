@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 
+from runtime.dataflow.messages import Ack, CommitAnswer, Verdict
 from runtime.dataflow.reliability import Flush, Part, peak_rss_mb
 from runtime.dataflow.worker import WorkerCore
 from runtime.reporting.metrics import DistinctKeys
@@ -94,20 +95,20 @@ class WorkerActor:
             if job is None:
                 return
             _, ref = job
-            table = None
+            table, committed = None, 0
             try:
-                verdict, committed, *rest = self._ray.get(ref)
-                table = rest[0] if rest else None
+                answer: CommitAnswer = self._ray.get(ref)
+                if answer.verdict is Verdict.FENCED:
+                    os._exit(1)  # declared dead; sources replayed our uncommitted work
+                table, committed = answer.table, answer.committed_seq
             except Exception as e:  # noqa: BLE001 - the aggregator is gone: nothing commits
+                # (the driver notices its death and restarts the run)
                 from runtime.operators import find_operator_error
 
-                verdict, committed = "error", 0
                 op_error = find_operator_error(e)
                 if op_error is not None:  # the operator failed merging our flush: the run
                     self._crash = op_error  # cannot finish; every call says so from now on
                     self.core.fail(op_error)
-            if verdict == "fenced":
-                os._exit(1)  # declared dead; sources replayed our uncommitted work
             self.core.on_table(table)
             self.core.on_committed(committed)
             with self._commit_lock:
@@ -128,7 +129,7 @@ class WorkerActor:
     def node_id(self) -> str:
         return self._ray.get_runtime_context().get_node_id()
 
-    def process(self, source: int, parts: list[Part]) -> dict[str, Any]:
+    def process(self, source: int, parts: list[Part]) -> Ack:
         self._raise_if_crashed()
         ack = self.core.submit(source, parts)
         if self._telemetry is not None:

@@ -27,6 +27,7 @@ from typing import Any
 
 import pyarrow as pa
 
+from runtime.dataflow.messages import CommitAnswer, Verdict
 from runtime.dataflow.reliability import CommitLedger, Flush, peak_rss_mb
 
 
@@ -56,30 +57,31 @@ class AggregatorCore:
         self.app.merge(partial)
         self.partials += 1
 
-    def commit(self, flush: Flush) -> tuple[str, int, Any]:
-        """Commit a worker's flush. Returns the verdict - ``"commit"``,
-        ``"duplicate"``, ``"fenced"``, or ``"pending"`` (arrived before an earlier
-        one; committed when that comes) - the worker's committed sequence and
-        the coordinator's current table (None without a coordinator)."""
-        verdict = self.ledger.admit(flush)
+    def commit(self, flush: Flush) -> CommitAnswer:
+        """Commit a worker's flush; the answer carries the verdict, the
+        worker's committed sequence and the coordinator's current table."""
+        admitted = self.ledger.admit(flush)
         table = None
         if self.coordinator is not None:
             now = self.clock()
-            if flush.report is not None and verdict != "fenced":
+            if flush.report is not None and admitted != "fenced":
                 self.coordinator.report_from(flush.worker, flush.report, now)
             self.coordinator.tick(now)
             table = self.coordinator.table()
-        if verdict == "gap":
+        if admitted == "gap":
             self._early.setdefault(flush.worker, {})[flush.seq] = flush
-            verdict = "pending"
-        elif verdict == "commit":
+            verdict = Verdict.PENDING
+        elif admitted == "commit":
             self._apply(flush)
             early = self._early.get(flush.worker, {})
             nxt = early.pop(flush.seq + 1, None)
             while nxt is not None:
                 self._apply(nxt)
                 nxt = early.pop(nxt.seq + 1, None)
-        return verdict, self.ledger.committed_seq.get(flush.worker, 0), table
+            verdict = Verdict.COMMIT
+        else:
+            verdict = Verdict(admitted)
+        return CommitAnswer(verdict, self.ledger.committed_seq.get(flush.worker, 0), table)
 
     def _apply(self, flush: Flush) -> None:
         self.app.merge(flush.partial, flush.worker)

@@ -344,20 +344,19 @@ class SourceCore:
                     raise ack
                 self._worker_lost(call.worker, str(ack))  # drops the call with the others
                 continue
-            if ack.get("rejected"):
+            if ack.rejected:
                 raise SourceFenced(f"source-{self.index} epoch {self.epoch} was fenced off")
             self.outboxes.acked(token, self.clock())
-            n = int(ack["acked"])
+            n = ack.acked
             self.acked += n
             self.acked_per_worker[call.worker] += n
-            self.lat_sum_s += float(ack.get("lat_sum_s", 0.0))
+            self.lat_sum_s += ack.lat_sum_s
             for entry in call.entries:
-                if "flush_seq" in ack:
-                    self.log.acked(entry, int(ack["flush_seq"]), int(ack["committed_seq"]))
+                self.log.acked(entry, ack.flush_seq, ack.committed_seq)
                 if entry.replay:
                     self.failures.settle([entry], self.clock())
-            self.grouping.on_ack(int(ack["worker"]), int(ack.get("signal", 0)), n)
-            self._take_table(ack.get("table"))
+            self.grouping.on_ack(ack.worker, ack.signal, n)
+            self._take_table(ack.table)
         self._record_vw()
 
     def _wait_some(self, timeout: float | None = None) -> None:

@@ -4,8 +4,8 @@
 
 - ``submit(source, parts)`` enqueues one call's sub-batches into a bounded
   FIFO (``workers.queue_batches``; blocks when full: backpressure) and blocks
-  until they have been processed, then returns the call's *ack*:
-  ``{"worker", "acked", "signal", "lat_sum_s", "lat_max_s", "done_ts"}``.
+  until they have been processed, then returns the call's *ack*
+  (``runtime.dataflow.messages.Ack``).
   The caller is one of many threads of a threaded actor; a single processing
   thread (``run_forever`` / ``step``) drains the queue in FIFO order.
 - Processing = ``ServiceEmulator.serve(n)`` (per-message finish times, so
@@ -52,6 +52,7 @@ from typing import Any
 import numpy as np
 
 from runtime.dataflow.latency import LatencyHistogram
+from runtime.dataflow.messages import Ack
 from runtime.dataflow.reliability import ClaimLog, Flush, Part, Tag
 from runtime.dataflow.service import ServiceEmulator
 from runtime.grouping.coordination import FIRST_PLAN_S, RateMeter
@@ -69,7 +70,7 @@ class QueuedCall:
     parts: list[Part]
     n: int
     done: threading.Event = field(default_factory=threading.Event)
-    ack: dict[str, Any] | None = None
+    ack: Ack | None = None
     error: BaseException | None = None
 
     @property
@@ -375,7 +376,7 @@ class WorkerCore:
             self._cadence.restart(self.clock())
 
     # ------------------------------------------------------------------ input side
-    def submit(self, source: int, parts: list[Part]) -> dict[str, Any]:
+    def submit(self, source: int, parts: list[Part]) -> Ack:
         """Enqueue one call's sub-batches and block until they are processed;
         returns the call's ack."""
         item = self.enqueue(source, parts)
@@ -450,10 +451,8 @@ class WorkerCore:
                 return False
             self.claims.rejected += 1
             self._changed(-1, -item.n)
-            item.ack = {"worker": self.worker_id, "acked": 0, "signal": 0, "lat_sum_s": 0.0,
-                        "lat_max_s": 0.0, "done_ts": self.clock(), "rejected": True,
-                        "flush_seq": self.claims.open_seq,
-                        "committed_seq": self.claims.committed_seq}
+            item.ack = Ack(self.worker_id, 0, 0, 0.0, 0.0, self.clock(),
+                           self.claims.open_seq, self.claims.committed_seq, rejected=True)
             item.parts = []
             item.done.set()
             return True
@@ -475,26 +474,16 @@ class WorkerCore:
                     flush_seq = self.claims.processed(p.tag)
         return flush_seq
 
-    def _ack(self, item: QueuedCall, lat: np.ndarray, t_end: float, flush_seq: int) -> dict[str, Any]:
+    def _ack(self, item: QueuedCall, lat: np.ndarray, t_end: float, flush_seq: int) -> Ack:
         signal = 0
         sig = self._signals.get(item.source)
         if sig is not None:
             with self._lock:
                 signal = sig.take_signal(self.load.last_t)
-        ack = {
-            "worker": self.worker_id,
-            "acked": item.n,
-            "signal": signal,
-            "lat_sum_s": float(lat.sum()) if item.n else 0.0,
-            "lat_max_s": float(lat.max()) if item.n else 0.0,
-            "done_ts": t_end,
-            "flush_seq": flush_seq,
-            "committed_seq": self.claims.committed_seq,
-        }
-        table = self._tables.take_new(item.source)
-        if table is not None:
-            ack["table"] = table
-        return ack
+        return Ack(self.worker_id, item.n, signal,
+                   float(lat.sum()) if item.n else 0.0, float(lat.max()) if item.n else 0.0,
+                   t_end, flush_seq, self.claims.committed_seq,
+                   table=self._tables.take_new(item.source))
 
     def maybe_flush(self, force: bool = False) -> bool:
         now = self.clock()

@@ -53,6 +53,7 @@ import numpy as np
 import pyarrow as pa
 
 from runtime.dataflow.aggregator import AggregatorCore
+from runtime.dataflow.messages import Verdict as CommitVerdict
 from runtime.dataflow.reliability import Flush, Part, WorkerLost, resume_plan
 from runtime.dataflow.source import SourceCore
 from runtime.dataflow.worker import WorkerCore
@@ -331,13 +332,13 @@ class Attempt:
             self._commit(w, flush)
 
     def _commit(self, w: int, flush: Flush) -> None:
-        verdict, seq, table = self.agg.commit(flush)
-        self.log(f"commit worker-{w} flush {flush.seq}: {verdict}")
+        answer = self.agg.commit(flush)
+        self.log(f"commit worker-{w} flush {flush.seq}: {answer.verdict.value}")
         if w not in self.dead:  # the answer reaches a live worker only
-            if verdict == "fenced":
+            if answer.verdict is CommitVerdict.FENCED:
                 raise RuntimeError(f"worker-{w} is alive but fenced")
-            self.workers[w].on_table(table)
-            self.workers[w].on_committed(seq)
+            self.workers[w].on_table(answer.table)
+            self.workers[w].on_committed(answer.committed_seq)
 
     # ------------------------------------------------------------------ transport
     def transport(self, s: int) -> Transport:
@@ -534,7 +535,7 @@ class Control:
 
 
 @dataclass
-class Verdict:
+class SeedResult:
     scenario: Scenario
     ok: bool
     message: str
@@ -550,7 +551,7 @@ class Verdict:
         return any(b - a <= OVERLAP for a, b in zip(steps, steps[1:], strict=False))
 
 
-def explore_one(seed: int, verbose: bool = False) -> Verdict:
+def explore_one(seed: int, verbose: bool = False) -> SeedResult:
     """Run seed ``seed`` (every attempt) and check its result."""
     sc = Scenario.draw(seed)
     want = collections.Counter(k for keys in sc.data() for k in keys)
@@ -563,7 +564,7 @@ def explore_one(seed: int, verbose: bool = False) -> Verdict:
         try:
             out = a.run()
         except Exception as e:  # noqa: BLE001 - a failed seed, reported
-            return Verdict(sc, False, f"{type(e).__name__}: {e}", attempt + 1,
+            return SeedResult(sc, False, f"{type(e).__name__}: {e}", attempt + 1,
                            steps + a.step, trace + a.out.trace, fired + a.out.fired)
         trace += out.trace
         fired += out.fired
@@ -571,10 +572,10 @@ def explore_one(seed: int, verbose: bool = False) -> Verdict:
         if out.counts is not None:
             ok = out.counts == dict(want)
             msg = "exact" if ok else _diff(out.counts, dict(want))
-            return Verdict(sc, ok, msg, attempt + 1, steps, trace, fired)
+            return SeedResult(sc, ok, msg, attempt + 1, steps, trace, fired)
         # the aggregator died: the faults still to come move to the next attempt
         faults = [Fault(f.at - out.steps, f.what) for f in a.faults if f.at > out.steps]
-    return Verdict(sc, False, "the aggregator died in every attempt", 4, steps, trace, fired)
+    return SeedResult(sc, False, "the aggregator died in every attempt", 4, steps, trace, fired)
 
 
 def _diff(got: dict[str, int], want: dict[str, int]) -> str:
@@ -616,7 +617,7 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"--seeds: must be >= 1 (got {args.seeds})")
     from tqdm import tqdm
 
-    failed: list[Verdict] = []
+    failed: list[SeedResult] = []
     kinds: collections.Counter[str] = collections.Counter()
     several = overlapping = 0
     t = time.time()

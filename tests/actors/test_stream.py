@@ -15,10 +15,10 @@ import pytest
 from conftest import FakeTime
 from test_actors_core import DirectTransport, make_workers, words
 
-from runtime.dataflow.aggregator import AggregatorCore
 from actors.pipeline import StopRequests
-from runtime.dataflow.source import SourceCore, StreamInbox
 from actors.stream_input import split_even
+from runtime.dataflow.aggregator import AggregatorCore
+from runtime.dataflow.source import SourceCore, StreamInbox
 from runtime.grouping import make_grouping
 from runtime.reporting.report import write_result
 from runtime.top import RunView, render

@@ -5,8 +5,9 @@ import math
 import pyarrow as pa
 import pytest
 
-from runtime.dataflow.source import SourceCore
 from runtime.dataflow.backpressure import CALL_S, DrainRates
+from runtime.dataflow.messages import Ack
+from runtime.dataflow.source import SourceCore
 from runtime.grouping import make_grouping
 
 
@@ -95,7 +96,7 @@ def test_a_slow_workers_calls_hold_call_s_of_its_work():
                 w, n, end = self.calls[t]
                 if end <= now[0]:
                     del self.calls[t]
-                    out.append((t, {"worker": w, "acked": n}))
+                    out.append((t, Ack(w, n, 0, 0.0, 0.0, now[0], 1, 0)))
             return out
 
     tr = Transport()

@@ -11,8 +11,7 @@ import pyarrow as pa
 from conftest import FakeTime
 
 from runtime.dataflow.aggregator import AggregatorCore
-from runtime.dataflow.source import SourceCore
-from runtime.dataflow.worker import WorkerCore
+from runtime.dataflow.messages import CommitAnswer, Verdict
 from runtime.dataflow.reliability import (
     ClaimLog,
     CommitLedger,
@@ -25,6 +24,8 @@ from runtime.dataflow.reliability import (
     WorkerLost,
     resume_plan,
 )
+from runtime.dataflow.source import SourceCore
+from runtime.dataflow.worker import WorkerCore
 from runtime.grouping import make_grouping
 from runtime.hashing import hash_arrow
 from runtime.operators import WorkerApp, builtin_operator
@@ -108,14 +109,14 @@ def test_ledger_commits_in_order_ignores_duplicates_and_fences() -> None:
         return Flush(worker, seq, t.flush(), {0: [(seq, _idx(*range(len(keys))))]}, {0: 0},
                      len(keys))
 
-    assert agg.commit(flush(0, 1, ["a"])) == ("commit", 1, None)  # None: no coordinator
+    assert agg.commit(flush(0, 1, ["a"])) == CommitAnswer(Verdict.COMMIT, 1)  # no coordinator
     f3 = flush(0, 3, ["c"])
-    assert agg.commit(f3) == ("pending", 1, None)  # early: waits for 2
-    assert agg.commit(flush(0, 2, ["b"])) == ("commit", 3, None)
-    assert agg.commit(f3)[0] == "duplicate"
-    assert agg.commit(flush(1, 1, ["x"])) == ("commit", 1, None)
+    assert agg.commit(f3) == CommitAnswer(Verdict.PENDING, 1)  # early: waits for 2
+    assert agg.commit(flush(0, 2, ["b"])) == CommitAnswer(Verdict.COMMIT, 3)
+    assert agg.commit(f3).verdict is Verdict.DUPLICATE
+    assert agg.commit(flush(1, 1, ["x"])) == CommitAnswer(Verdict.COMMIT, 1)
     assert agg.fence_worker(1) == 1
-    assert agg.commit(flush(1, 2, ["y"]))[0] == "fenced"
+    assert agg.commit(flush(1, 2, ["y"])).verdict is Verdict.FENCED
     got = dict(zip(*agg.result().to_pydict().values(), strict=True))
     assert got == {"a": 1, "b": 1, "c": 1, "x": 1}
     st = agg.stats()
@@ -184,9 +185,9 @@ class Cluster:
     def _sink(self, i: int):
         def commit(flush: Flush) -> None:
             if i not in self.dead:
-                _, seq, table = self.agg.commit(flush)
-                self.workers[i].on_table(table)
-                self.workers[i].on_committed(seq)
+                answer = self.agg.commit(flush)
+                self.workers[i].on_table(answer.table)
+                self.workers[i].on_committed(answer.committed_seq)
         return commit
 
     def kill(self, w: int) -> None:
