@@ -342,6 +342,10 @@ class SourceCore:
             if isinstance(ack, BaseException):
                 if not isinstance(ack, WorkerLost):
                     raise ack
+                if call.worker not in self.members.live:  # sent after it departed: a bug,
+                    raise RuntimeError(  # said loudly (its messages would wait forever)
+                        f"source-{self.index}: scheme {self.grouping.name!r} routed to "
+                        f"worker {call.worker} after it departed")
                 self._worker_lost(call.worker, str(ack))  # drops the call with the others
                 continue
             if ack.rejected:
@@ -402,6 +406,8 @@ class SourceCore:
         detected = self.clock()
         committed, held = (self.control.fence_worker(w, self.index)
                            if self.control is not None else (0, []))
+        if self.resume is not None:
+            self.resume.worker_lost(w, committed)
         self.members.remove(w)
         self.outboxes.forget(w)
         loss = take_lost(self.log, w, committed, held)

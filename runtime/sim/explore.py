@@ -64,8 +64,9 @@ from runtime.operators import WorkerApp, builtin_operator
 #: the schemes a seed draws from (every kind of routing state: hashing,
 #: choices, virtual workers with signals, a controller, hot keys, the reference)
 SCHEMES = ("kg", "sg", "pkg", "dchoices", "cg", "acg", "fish", "dalton", "wrr")
-#: most yield points one attempt may take (a livelock is a failure, not a hang)
-MAX_STEPS = 400_000
+#: most yield points one attempt may take (a livelock is a failure, not a hang;
+#: a run takes a few hundred to a few thousand)
+MAX_STEPS = 20_000
 #: two failures this close (in yield points) overlap: recovering from one
 #: (fencing, re-routing, resuming) takes about as many
 OVERLAP = 20
@@ -349,7 +350,10 @@ class Attempt:
         self.yield_point(source)
         if w not in self.fenced:
             self.fenced.add(w)
-        return self.agg.fence_for_source(w, source)
+        seq, held = self.agg.fence_for_source(w, source)
+        self.log(f"source-{source} fences worker-{w}: committed flush {seq}, "
+                 f"{sum(len(i) for _, i in held)} of its messages committed there")
+        return seq, held
 
     def commit(self, workers: Sequence[int], source: int) -> dict[int, Any]:
         self.yield_point(source)
@@ -405,7 +409,11 @@ class Attempt:
                     plan = None
                     if self.epochs[s] > 0:
                         plan = self.fence_source(s, self.epochs[s], sorted(core.members.live))
+                    if plan is not None:
+                        self.log(f"source-{s} epoch {self.epochs[s]} resumes: {plan}")
                     core.run(self._batches(s), plan)
+                    self.log(f"source-{s} ends: {core.failures.records}, "
+                             f"resume {core.resume.stats if core.resume else None}")
                     self.out.replays += sum(int(r["replayed_messages"])
                                             for r in core.failures.records)
                     if len(core.log):
