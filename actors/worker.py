@@ -5,7 +5,10 @@
 - ``submit(source, parts)`` enqueues one call's sub-batches into a bounded
   FIFO (``workers.queue_batches``; blocks when full: backpressure) and blocks
   until they have been processed, then returns the call's *ack*:
-  ``{"worker", "acked", "signal", "lat_sum_s", "lat_max_s", "done_ts"}``.
+  ``{"worker", "acked", "signal", "lat_sum_s", "lat_max_s", "done_ts",
+  "flush_seq", "committed_seq"}``, plus ``"table"`` when ACG has a newer
+  routing table for that source, and ``"rejected": True`` (nothing acked)
+  for a call of a fenced source incarnation.
   The caller is one of many threads of a threaded actor; a single processing
   thread (``run_forever`` / ``step``) drains the queue in FIFO order.
 - Processing = ``ServiceEmulator.serve(n)`` (per-message finish times, so
@@ -22,12 +25,14 @@
 
 It composes one small class per other job:
 
-- ``LoadMeter``: utilization ``U = queue length / queue capacity``, in
-  batches, where the queue length counts the batch in service and the capacity
-  is ``min(queue_batches, sources * max_inflight)`` (the most batches that can
-  ever be queued; with the default 2 sources x 2 in flight, a worker whose
-  window is full is at U = 1). Same definition as the simulator's
-  (ALGORITHMS.md, "Metrics"). It is sampled on every enqueue/dequeue and
+- ``LoadMeter``: utilization ``U = queue length / queue capacity``, counted
+  in calls (one call may carry several of a source's sub-batches), where the
+  queue length counts the call in service and the capacity is
+  ``min(queue_batches, sources * max_inflight)`` (the most calls that can ever
+  be queued: one per in-flight slot of every source; with 2 sources x 2 in
+  flight - the default is 1 source - a worker whose windows are all full is at
+  U = 1). Same definition as the simulator's, which sends one sub-batch per call
+  (docs/algorithms.md, "Metrics"). It is sampled on every enqueue/dequeue and
   integrated over time, per slot (``run.slot_s``): processed, mean queue length
   (msgs and batches), busy fraction, latency histogram.
 - ``SourceSignals`` (CG): one ``LoadSignaler`` per source, all fed the same
