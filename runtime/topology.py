@@ -53,6 +53,9 @@ MAX_DEPTH = 32
 #: values (mappings, lists, scalars) a YAML document may hold once its aliases
 #: are expanded (a topology holds a few hundred; a "billion laughs" holds 10**9)
 MAX_VALUES = 100_000
+#: values a YAML document may hold as written (each costs Python time to build:
+#: a per-worker capacity list for the most workers, 10,000, still fits)
+MAX_NODES = 20_000
 #: longest run name: it names the output directory (``<name>-<UTC timestamp>``)
 #: and a Ray namespace
 MAX_NAME = 100
@@ -785,7 +788,34 @@ class _Hostile(Exception):
         return f"{where if len(where) <= 60 else where[:57] + '...'}: {self.problem}"
 
 
-class _TopologyLoader(yaml.SafeLoader):
+class _TopologyMixin:
+    """What both topology loaders (pure Python and libyaml) add to PyYAML's."""
+
+    def get_single_data(self) -> Any:
+        node = self.get_single_node()  # type: ignore[attr-defined]
+        if node is None:
+            return None
+        _check_expansion(node)
+        return self.construct_document(node)  # type: ignore[attr-defined]
+
+    def construct_mapping(self, node: Any, deep: bool = False) -> dict[Any, Any]:
+        seen: set[Any] = set()
+        for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":  # "<<: *defaults" may be overridden
+                continue
+            key = self.construct_object(key_node, deep=deep)  # type: ignore[attr-defined]
+            try:
+                dup = key in seen
+                seen.add(key)
+            except TypeError:  # an unhashable key: the base class reports it
+                continue
+            if dup:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"field {_show(key, 40)} given twice", key_node.start_mark)
+        return super().construct_mapping(node, deep=deep)  # type: ignore[misc]
+
+
+class _TopologyLoader(_TopologyMixin, yaml.SafeLoader):
     """``yaml.safe_load`` for topologies:
 
     - YAML 1.2's core schema for plain scalars (see ``_core_schema``): ``010``
@@ -798,6 +828,10 @@ class _TopologyLoader(yaml.SafeLoader):
       the aliases are expanded, counted on the node graph before anything is
       built (a "billion laughs" is refused in microseconds). Aliases and
       merge keys (``<<: *defaults``) within that budget are fine.
+
+    ``_load_yaml`` first counts the parser's events (``_precheck``: depth and
+    ``MAX_NODES``), then loads with libyaml's parser (``_CTopologyLoader``)
+    when PyYAML has it: the pure-Python one takes seconds for 20,000 values.
     """
 
     def __init__(self, stream: Any) -> None:
@@ -817,29 +851,6 @@ class _TopologyLoader(yaml.SafeLoader):
         finally:
             if label is not None:
                 self._where.pop()
-
-    def get_single_data(self) -> Any:
-        node = self.get_single_node()
-        if node is None:
-            return None
-        _check_expansion(node)
-        return self.construct_document(node)
-
-    def construct_mapping(self, node: Any, deep: bool = False) -> dict[Any, Any]:
-        seen: set[Any] = set()
-        for key_node, _ in node.value:
-            if key_node.tag == "tag:yaml.org,2002:merge":  # "<<: *defaults" may be overridden
-                continue
-            key = self.construct_object(key_node, deep=deep)
-            try:
-                dup = key in seen
-                seen.add(key)
-            except TypeError:  # an unhashable key: the base class reports it
-                continue
-            if dup:
-                raise yaml.constructor.ConstructorError(
-                    None, None, f"field {_show(key, 40)} given twice", key_node.start_mark)
-        return super().construct_mapping(node, deep=deep)
 
 
 def _children(node: Any) -> list[tuple[str, Any]]:
@@ -949,9 +960,65 @@ def _core_schema(loader: type[yaml.SafeLoader]) -> None:
 
 
 _core_schema(_TopologyLoader)
+_CTopologyLoader: Any = None
+if getattr(yaml, "CSafeLoader", None) is not None:
+    class _CLoader(_TopologyMixin, yaml.CSafeLoader):
+        """``_TopologyLoader`` on libyaml's parser (depth checked before)."""
+
+    _core_schema(_CLoader)
+    _CTopologyLoader = _CLoader
+
+
+def _precheck(text: str) -> None:
+    """Walk the parser's events (libyaml's when there is one: fast, and not
+    recursive) and refuse, naming where, a document nested deeper than
+    ``MAX_DEPTH`` or holding more than ``MAX_NODES`` values as written. A
+    YAML error is left to the loader, which words it."""
+    from yaml import events as ev
+
+    stack: list[list[Any]] = []  # [label, is_mapping, expecting_key, last_key, next_index]
+    nodes = 0
+    try:
+        for e in yaml.parse(text, Loader=_CTopologyLoader or yaml.SafeLoader):
+            if isinstance(e, (ev.SequenceEndEvent, ev.MappingEndEvent)):
+                stack.pop()
+                continue
+            if not isinstance(e, ev.NodeEvent):
+                continue
+            nodes += 1
+            label = None
+            if stack:
+                top = stack[-1]
+                if not top[1]:
+                    label, top[4] = str(top[4]), top[4] + 1
+                elif top[2]:
+                    top[2], label = False, "?"
+                    top[3] = e.value if isinstance(e, ev.ScalarEvent) else "?"
+                else:
+                    top[2], label = True, str(top[3])
+            where = [str(x[0]) for x in stack[1:]] + ([label] if stack and label else [])
+            if nodes > MAX_NODES:
+                raise _Hostile(where[:MAX_DEPTH], f"more than {MAX_NODES:,} values (a topology "
+                                                  f"holds a few hundred)")
+            if isinstance(e, (ev.SequenceStartEvent, ev.MappingStartEvent)):
+                stack.append([label, isinstance(e, ev.MappingStartEvent), True, None, 0])
+                if len(stack) > MAX_DEPTH + 1:
+                    raise _Hostile(where[:MAX_DEPTH], f"nested more than {MAX_DEPTH} levels "
+                                                      f"deep (a topology needs 4)")
+    except yaml.YAMLError:
+        return
 
 
 def _load_yaml(text: str) -> Any:
+    """The YAML document in ``text``, read as a topology (``_TopologyLoader``)."""
+    _precheck(text)
+    if _CTopologyLoader is not None:
+        try:
+            return yaml.load(text, Loader=_CTopologyLoader)  # noqa: S506 - a SafeLoader
+        except _Hostile:
+            raise
+        except _YAML_ERRORS:
+            pass  # the pure-Python parser words it as the docs show (same grammar)
     return yaml.load(text, Loader=_TopologyLoader)  # noqa: S506 - a SafeLoader
 
 

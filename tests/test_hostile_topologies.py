@@ -239,6 +239,22 @@ def test_hostile_values(text: str, expected: str, tmp_path: Path,
     assert line.startswith(expected), line
 
 
+def test_a_megabyte_of_values_is_refused_fast(tmp_path: Path,
+                                              capsys: pytest.CaptureFixture[str]) -> None:
+    """Counted on libyaml's events before anything is built (the pure-Python
+    parser alone took ~20 s for this file)."""
+    line = refused(tmp_path, "workers: {capacity: [" + "1, " * 340_000 + "1]}\n", capsys)
+    assert line.startswith("workers.capacity.") and "more than 20,000 values" in line, line
+
+
+def test_the_largest_legitimate_list_loads_fast(tmp_path: Path) -> None:
+    p = tmp_path / "t.yaml"
+    p.write_text("workers:\n  count: 10000\n  capacity: [" + ", ".join(["0.5"] * 10_000) + "]\n")
+    t0 = time.monotonic()
+    assert load_topology(p).workers.capacities() == [0.5] * 10_000
+    assert time.monotonic() - t0 < FAST_S
+
+
 def test_legitimate_edges_still_load() -> None:
     t = load_topology({"name": "n" * 100, "input": {"keys": 10**7, "seed": 2**63 - 1},
                        "workers": {"count": 2, "changes": [{"at_s": 1, "add": 9998}],
