@@ -9,7 +9,7 @@ for the gap to fill), duplicates ignored, and nothing more from a worker once
 ``fence_worker`` declared it dead. ``merge(partial)`` (no bookkeeping) stays
 for plain partials. A plain (single-threaded) Ray actor, so calls run one at a
 time in arrival order (``actors.aggregator`` wraps this class with
-``ray.remote``; the simulator calls it directly).
+``ray.remote``; the fault explorer, ``runtime.sim.explore``, calls it directly).
 
 For a coordinated scheme (ACG) the aggregator also hosts the scheme's
 controller (``coordinator``): a flush's ``report`` (the worker's service

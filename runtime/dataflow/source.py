@@ -55,7 +55,8 @@ membership, what to replay, when a failure is recovered, the resume - is
 ``runtime.dataflow.recovery``.
 
 The Ray edge is ``actors.source.SourceActor`` (``source-<i>``); the
-simulator drives this class with its own transport and clock.
+fault explorer (``runtime.sim.explore``) drives it in-process with its own transport
+and a virtual clock.
 """
 
 from __future__ import annotations

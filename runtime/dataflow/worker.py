@@ -22,12 +22,14 @@
 
 It composes one small class per other job:
 
-- ``LoadMeter``: utilization ``U = queue length / queue capacity``, in
-  batches, where the queue length counts the batch in service and the capacity
-  is ``min(queue_batches, sources * max_inflight)`` (the most batches that can
-  ever be queued; with the default 2 sources x 2 in flight, a worker whose
-  window is full is at U = 1). Same definition as the simulator's
-  (ALGORITHMS.md, "Metrics"). It is sampled on every enqueue/dequeue and
+- ``LoadMeter``: utilization ``U = queue length / queue capacity``, counted
+  in calls (one call may carry several of a source's sub-batches), where the
+  queue length counts the call in service and the capacity is
+  ``min(queue_batches, sources * max_inflight)`` (the most calls that can ever
+  be queued: one per in-flight slot of every source; with 2 sources x 2 in
+  flight - the default is 1 source - a worker whose windows are all full is at
+  U = 1). Same definition as the simulator's, which sends one sub-batch per call
+  (docs/algorithms.md, "Metrics"). It is sampled on every enqueue/dequeue and
   integrated over time, per slot (``run.slot_s``): processed, mean queue length
   (msgs and batches), busy fraction, latency histogram.
 - ``SourceSignals`` (CG): one ``LoadSignaler`` per source, all fed the same
@@ -36,7 +38,7 @@ It composes one small class per other job:
 - ``TableRelay`` (ACG): the controller's newest table, to each source once.
 
 The Ray edge is ``actors.worker.WorkerActor`` (``worker-<i>``); the
-simulator drives this class with its own clock.
+fault explorer (``runtime.sim.explore``) drives it in-process on a virtual clock.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""ACG - adaptive consistent grouping [ours] (ALGORITHMS.md, "Beyond the papers").
+"""ACG - adaptive consistent grouping [ours] (docs/algorithms.md, "ACG").
 
 Consistent grouping's routing with a controller that measures instead of
 signalling:
@@ -662,11 +662,11 @@ class AdaptiveConsistentGrouping(VirtualWorkerGrouping):
         epoch_s: the controller re-plans every ``epoch_s`` seconds (default 1).
         tau_s: time constant of the workers' rate estimates (default 2 s).
         load_tau_s: time constant of the per-VW load estimates (default 4 s:
-            short enough to follow hot keys that move every few seconds -
-            evolving Zipf, zipf-hetero: 0.87 -> 0.91 of capacity in the
-            simulator at 20 s -> 4 s - long enough that one epoch's noisy
-            counts do not move VWs back and forth: replication 1.15-1.41x
-            KG's on the stress grid, saturated, against 1.10-1.20x at 20 s).
+            short enough to follow hot keys that move every few seconds, as
+            in evolving Zipf streams, long enough that one epoch's noisy
+            counts do not move VWs back and forth; the measurements behind
+            the choice, against 20 s, are in docs/benchmarks.md, "Stress
+            grid").
         jump: a rate sample this far (relative) from the estimate, twice in a
             row, resets the estimate: a capacity change (default 0.25).
         min_gain: hysteresis, the smallest relative improvement of the

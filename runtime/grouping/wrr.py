@@ -1,5 +1,5 @@
 """WRR - smooth weighted round-robin over the configured capacities [ours]
-(ALGORITHMS.md, "Beyond the papers"). A *reference*, not a real scheme.
+(docs/algorithms.md, "WRR"). A *reference*, not a real scheme.
 
 Every message goes to the worker picked by smooth weighted round-robin
 (nginx's algorithm): each pick adds every live worker's weight to its
