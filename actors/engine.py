@@ -22,6 +22,7 @@ import logging
 import os
 import signal
 import sys
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import TracebackType
@@ -127,20 +128,25 @@ def engine_session(app_name: str, address: str | None = None, *,
     starts = address is None and not os.environ.get("RAY_ADDRESS")
     system_config = ray_system_config() if starts else {}
     try:
+        t_ray = time.time()
         try:
             ctx = ray.init(address=address, runtime_env=runtime_env,
                            logging_level=logging.WARNING, log_to_driver=False,
                            _system_config=system_config or None)
         except ConnectionError as e:
             fail(f"--address: cannot attach to the Ray cluster at {address!r} ({e})")
+        phases.startup_step("ray", t_ray)
         cluster.check_spark_fits(sizing.cpus)
         if topo is not None:  # before anything else is printed: one line, exit 2
             cluster.check_placement(topo, spark_cpus=sizing.cpus)
         _announce(ctx, log_file)
-        yield spark_input.start_spark(app_name=app_name, executor_memory=sizing.memory,
-                                      num_executors=sizing.executors,
-                                      executor_cores=sizing.cores,
-                                      extra_configs=dict(sizing.conf), log_file=log_file)
+        t_spark = time.time()
+        session = spark_input.start_spark(app_name=app_name, executor_memory=sizing.memory,
+                                          num_executors=sizing.executors,
+                                          executor_cores=sizing.cores,
+                                          extra_configs=dict(sizing.conf), log_file=log_file)
+        phases.startup_step("spark", t_spark)
+        yield session
     finally:
         try:
             spark_input.stop_spark()

@@ -301,6 +301,6 @@ def test_run_process_is_quiet_and_reports_its_phases(tmp_path) -> None:
     assert {"outputs", "plot", "shutdown"} <= set(parts), ph
     assert parts["outputs"] + max(parts["plot"], parts["shutdown"]) <= ph["finish"] + 1e-2, ph
     # the summary shows them: the one printed before the plot, then the last line
-    assert "first message at" in p.stdout and "phases: stream / finish" in p.stdout
+    assert "first message at" in p.stdout and "phase: stream" in p.stdout
     assert p.stdout.splitlines()[-1].startswith("finish "), p.stdout[-500:]
     assert report["messages"]["input"] == report["messages"]["processed"] == 20000

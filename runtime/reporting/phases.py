@@ -23,7 +23,8 @@ time goes"):
   result, report, summary, plot and the engine's shut-down.
 
 ``startup + input + stream + finish`` is the run's wall time; ``total`` is it
-as measured. ``finish_parts`` splits ``finish``: ``outputs`` (the actors'
+as measured. ``startup_parts`` (the first run only) splits the start-up:
+``python`` (interpreter, imports, checks), ``ray``, ``spark``. ``finish_parts`` splits ``finish``: ``outputs`` (the actors'
 statistics, ``result.parquet`` and ``report.json`` written: the result is
 safe), ``plot`` (``report.png``) and ``shutdown`` (Spark and Ray stopped).
 A block written while the command still runs (the summary is printed, and
@@ -49,6 +50,7 @@ _lock = threading.Lock()
 _origin: float | None = None
 _ready: float | None = None  # the engine came up
 _session_used = False  # a run already took the start-up
+_startup_parts: dict[str, float] = {}  # the engine's start-up, step by step
 
 
 def process_start() -> float:
@@ -68,6 +70,7 @@ def begin(origin: float | None = None) -> float:
     with _lock:
         _origin = process_start() if origin is None else origin
         _ready, _session_used = None, False
+        _startup_parts.clear()
         return _origin
 
 
@@ -85,6 +88,17 @@ def engine_ready(at: float | None = None) -> None:
         if _origin is None:
             _origin = now
         _ready = now
+
+
+def startup_step(name: str, start: float, end: float | None = None) -> None:
+    """A step of the engine's start-up (``ray``: Ray started or attached,
+    ``spark``: RayDP's Spark session up), from ``start`` to ``end`` (default
+    now); the first run's ``startup_parts`` show them, with ``python``: the
+    command's start until the first step (interpreter, imports, checks)."""
+    with _lock:
+        _startup_parts[name] = (time.time() if end is None else end) - start
+        if _origin is not None and "python" not in _startup_parts:
+            _startup_parts["python"] = start - _origin
 
 
 def take_startup() -> tuple[float, float]:
@@ -105,8 +119,10 @@ class RunClock:
     sources told to go), the last one processed (``end``) and the finish's
     parts (``part``); ``block`` is the ``phases`` block so far."""
 
-    def __init__(self, origin: float, startup: float) -> None:
+    def __init__(self, origin: float, startup: float,
+                 startup_parts: dict[str, float] | None = None) -> None:
         self.origin, self.startup = origin, startup
+        self.startup_parts = dict(startup_parts or {})
         self.t0: float | None = None
         self.last_ts: float | None = None
         self.parts: dict[str, float] = {}
@@ -114,7 +130,8 @@ class RunClock:
     @classmethod
     def take(cls) -> RunClock:
         """The clock of a run starting now (``take_startup``)."""
-        return cls(*take_startup())
+        origin, startup = take_startup()
+        return cls(origin, startup, dict(_startup_parts) if startup > 0 else None)
 
     def start(self, t0: float) -> None:
         self.t0 = t0
@@ -140,7 +157,7 @@ class RunClock:
         def s(x: float) -> float:
             return round(max(0.0, x), 3)
 
-        return {
+        out = {
             "startup": s(self.startup),
             "input": s(t0 - ready),
             "first_message": s(t0 - self.origin),
@@ -150,6 +167,9 @@ class RunClock:
             "finish_parts": {k: s(v) for k, v in self.parts.items()},
             "final": final,
         }
+        if self.startup_parts:
+            out["startup_parts"] = {k: s(v) for k, v in self.startup_parts.items()}
+        return out
 
 
 def rewrite(out_dir: str | os.PathLike[str], phases: Mapping[str, Any]) -> None:
@@ -165,18 +185,20 @@ def rewrite(out_dir: str | os.PathLike[str], phases: Mapping[str, Any]) -> None:
 
 def summary_rows(ph: Mapping[str, Any]) -> list[tuple[str, str]]:
     """The summary table's rows for a ``phases`` block."""
-    parts = ph.get("finish_parts") or {}
-    detail = ", ".join(f"{k} {v:.1f}" for k, v in parts.items())
+
+    def detail(parts: Mapping[str, float] | None) -> str:
+        return f" ({', '.join(f'{k} {v:.1f}' for k, v in parts.items())})" if parts else ""
+
     so_far = "" if ph.get("final", True) else " so far"
     return [
-        ("phases: start-up / input", f"{ph['startup']:.1f} / {ph['input']:.1f} s"),
+        ("phase: start-up", f"{ph['startup']:.1f} s{detail(ph.get('startup_parts'))}"),
+        ("phase: input", f"{ph['input']:.1f} s"),
         ("first message at", f"{ph['first_message']:.1f} s"),
-        ("phases: stream / finish",
-         f"{ph['stream']:.2f} / {ph['finish']:.1f} s{so_far}" + (f" ({detail})" if detail
-                                                                  else "")),
+        ("phase: stream", f"{ph['stream']:.2f} s"),
+        ("phase: finish" + so_far, f"{ph['finish']:.1f} s{detail(ph.get('finish_parts'))}"),
         ("wall time" + so_far, f"{ph['total']:.1f} s"),
     ]
 
 
-__all__ = ["PHASES", "RunClock", "begin", "engine_ready", "origin", "process_start", "rewrite",
+__all__ = ["PHASES", "RunClock", "begin", "startup_step", "engine_ready", "origin", "process_start", "rewrite",
            "summary_rows", "take_startup"]

@@ -169,6 +169,7 @@ class Phases(TypedDict):
     finish: float
     total: NotRequired[float]
     finish_parts: NotRequired[dict[str, float]]  # outputs, plot, shutdown
+    startup_parts: NotRequired[dict[str, float]]  # python, ray, spark (the first run)
     final: NotRequired[bool]  # False: written before the plot and the shut-down
 
 

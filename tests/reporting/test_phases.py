@@ -49,10 +49,14 @@ def test_a_block_splits_the_wall_time_into_contiguous_phases() -> None:
 def test_only_the_first_run_of_a_session_pays_the_start_up() -> None:
     phases.begin(origin=50.0)
     phases.engine_ready(at=58.0)
-    origin, startup = phases.take_startup()
-    assert (origin, startup) == (50.0, 8.0)
-    later_origin, later_startup = phases.take_startup()  # compare's next scheme
-    assert later_startup == 0.0 and later_origin > 58.0
+    phases.startup_step("ray", 51.0, 54.0)
+    phases.startup_step("spark", 54.0, 58.0)
+    first = phases.RunClock.take()
+    assert (first.origin, first.startup) == (50.0, 8.0)
+    assert first.startup_parts == {"python": 1.0, "ray": 3.0, "spark": 4.0}
+    later = phases.RunClock.take()  # compare's next scheme
+    assert later.startup == 0.0 and later.origin > 58.0 and later.startup_parts == {}
+    assert "startup_parts" in first.block() and "startup_parts" not in later.block()
 
 
 def test_without_an_entry_point_nothing_is_counted_as_start_up() -> None:
@@ -107,10 +111,13 @@ def test_the_summary_shows_the_phases() -> None:
     rep["phases"] = phases.RunClock(100.0, 4.0).block(now=100.0)
     rep["phases"].update(startup=4.0, input=6.5, first_message=10.5, stream=3.25,
                          finish=0.75, total=14.5, finish_parts={"outputs": 0.5})
+    rep["phases"]["startup_parts"] = {"python": 1.0, "ray": 1.5, "spark": 1.5}
     text = " ".join(report_mod.summary_table(rep).split())  # spaces as the table aligns them
-    assert "phases: start-up / input 4.0 / 6.5 s" in text
+    assert "phase: start-up 4.0 s (python 1.0, ray 1.5, spark 1.5)" in text
+    assert "phase: input 6.5 s" in text
     assert "first message at 10.5 s" in text
-    assert "phases: stream / finish 3.25 / 0.8 s so far (outputs 0.5)" in text
+    assert "phase: stream 3.25 s" in text
+    assert "phase: finish so far 0.8 s (outputs 0.5)" in text
     assert "wall time so far 14.5 s" in text
     rep["phases"]["final"] = True
     assert "so far" not in report_mod.summary_table(rep)
