@@ -22,6 +22,7 @@ import logging
 import os
 import signal
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -127,6 +128,10 @@ def engine_session(app_name: str, address: str | None = None, *,
     # existing cluster keeps its own settings
     starts = address is None and not os.environ.get("RAY_ADDRESS")
     system_config = ray_system_config() if starts else {}
+    # Spark's Python side (pyspark, RayDP, Ray Data: ~1-2 s of imports) loads
+    # while Ray starts: RayDP itself needs Ray up, its modules do not
+    preload = threading.Thread(target=spark_input.preload, name="spark-preload", daemon=True)
+    preload.start()
     try:
         t_ray = time.time()
         try:
@@ -140,6 +145,7 @@ def engine_session(app_name: str, address: str | None = None, *,
         if topo is not None:  # before anything else is printed: one line, exit 2
             cluster.check_placement(topo, spark_cpus=sizing.cpus)
         _announce(ctx, log_file)
+        preload.join()
         t_spark = time.time()
         session = spark_input.start_spark(app_name=app_name, executor_memory=sizing.memory,
                                           num_executors=sizing.executors,

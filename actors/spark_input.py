@@ -99,6 +99,19 @@ def _install_load_code_fix() -> None:
     raydp_dataset._fetch_arrow_table_from_executor = _fetch_and_reset
 
 
+def preload() -> None:
+    """Import what ``start_spark`` needs (pyspark's SQL side, RayDP, Ray
+    Data): run in a thread while Ray starts. A failure is left for
+    ``start_spark`` to raise, in order."""
+    try:
+        import pyspark.sql  # noqa: F401
+        import ray.data  # noqa: F401
+        import raydp  # noqa: F401
+        from raydp.spark import dataset  # noqa: F401
+    except Exception:  # noqa: BLE001, S110 - start_spark imports them again and says why
+        pass
+
+
 @contextlib.contextmanager
 def output_to(path: str | os.PathLike[str] | None) -> Iterator[None]:
     """This process's stdout and stderr (file descriptors 1 and 2) appended to
