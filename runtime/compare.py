@@ -30,7 +30,7 @@ from runtime.cli import base_parser, check_address, fail, load_or_exit, parse_sc
 from runtime.engine import Engine
 from runtime.reporting import phases
 from runtime.reporting.report import default_out_dir
-from runtime.run import check_input_columns
+from runtime.run import check_input_columns, exit_now
 from runtime.topology import Topology
 
 #: every comparison: the baselines, the papers' schemes, the newest peer, ours, and the
@@ -229,4 +229,9 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    run_main(lambda: main(sys.argv[1:]))
+    try:
+        run_main(lambda: main(sys.argv[1:]))
+    except SystemExit as e:
+        if e.code is not None and not isinstance(e.code, int):
+            raise
+        exit_now(e.code or 0)  # (runtime.run's: no slow teardown of the interpreter)

@@ -16,7 +16,7 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from runtime.cli import EXIT_BAD_INPUT, base_parser, check_address, fail, load_or_exit, run_main
 from runtime.reporting import phases
@@ -217,5 +217,23 @@ def _take_over(topo: Topology, out: str | None) -> None:
         print(f"resume: stopped {left} process(es) left by the dead run", file=sys.stderr)
 
 
+def exit_now(code: int) -> NoReturn:
+    """End the process once the run is written and Spark and Ray are shut
+    down: the exit handlers run (Ray's, logging's), the interpreter's
+    teardown of every loaded module - 1-3 s with Ray, Spark and Arrow loaded,
+    measured on a busy 2-core machine - is skipped."""
+    import atexit
+
+    atexit._run_exitfuncs()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
 if __name__ == "__main__":
-    run_main(lambda: main(sys.argv[1:]))
+    try:
+        run_main(lambda: main(sys.argv[1:]))
+    except SystemExit as e:
+        if e.code is not None and not isinstance(e.code, int):
+            raise  # a message to print: Python's own exit
+        exit_now(e.code or 0)

@@ -96,9 +96,9 @@ def startup_step(name: str, start: float, end: float | None = None) -> None:
     now); the first run's ``startup_parts`` show them, with ``python``: the
     command's start until the first step (interpreter, imports, checks)."""
     with _lock:
-        _startup_parts[name] = (time.time() if end is None else end) - start
         if _origin is not None and "python" not in _startup_parts:
             _startup_parts["python"] = start - _origin
+        _startup_parts[name] = (time.time() if end is None else end) - start
 
 
 def take_startup() -> tuple[float, float]:
