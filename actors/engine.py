@@ -8,9 +8,10 @@
 Entering starts Ray (local, or attached to the cluster at ``address``) and a
 RayDP Spark session (``engine_session``); leaving stops both, on every exit
 path (SIGTERM included). A session already running in this process (a
-notebook, a test session) is used instead and left running. ``run`` picks
-``actors.pipeline.run_live`` for a live stream and ``run_pipeline`` for any
-other input; ``verify_result`` compares a run's result with Spark's own answer.
+notebook, a test session) is used instead and left running. ``run`` runs
+``actors.pipeline.run_with_restarts`` (``run_pipeline``, restarted when it
+loses an actor it cannot replace in place); ``verify_result`` compares a
+run's result with Spark's own answer.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ from typing import Any
 import ray
 
 from actors import cluster, spark_input, telemetry
-from actors.pipeline import run_live, run_pipeline
+from actors.pipeline import run_with_restarts
 from runtime.cli import fail
 from runtime.reporting import phases
 from runtime.topology import Topology
@@ -206,11 +207,11 @@ class RayEngine:
             clock: phases.RunClock | None = None) -> dict[str, Any]:
         """Run ``topo``, write its outputs to ``out_dir``, return the report.
 
-        A live stream (``input.stream``) runs with ``run_live``: it restarts
-        from its checkpoint if the aggregator or a source dies; ``resume``
-        continues the stream whose checkpoint is in ``out_dir``. Any other
-        input runs with ``run_pipeline`` on ``data`` (a ``shared_input``
-        DataFrame) if given. ``verify``: compare ``result.parquet`` with
+        Runs with ``run_with_restarts``: a live stream (``input.stream``)
+        restarts from its checkpoint if the aggregator or a source dies, a
+        finite input from its start if the aggregator dies; ``resume``
+        continues the stream whose checkpoint is in ``out_dir``. A finite input
+        is read from ``data`` (a ``shared_input`` DataFrame) if given. ``verify``: compare ``result.parquet`` with
         Spark's own answer on the same input (``spark_reference``, taken
         before the stream - after it for a live stream - and
         ``verify_result``); the report gets the verdict as ``verify``.
@@ -228,12 +229,9 @@ class RayEngine:
         # Spark's answer is taken before the stream: a failure during the run (a
         # node, Spark's executor with it) cannot take it away (docs/cluster.md)
         ref = spark_reference(topo, data) if verify and not live else None
-        if live:
-            report = run_live(topo, out, self.spark, progress=progress, log=log, resume=resume,
-                              plot=plot, clock=clock)
-        else:
-            report = run_pipeline(topo, out, self.spark, progress=progress, log=log, df=data,
-                                  plot=plot, clock=clock)
+        report = run_with_restarts(topo, out, self.spark, progress=progress, log=log,
+                                   resume=resume, df=None if live else data, plot=plot,
+                                   clock=clock)
         if verify:
             if ref is None:  # a live stream: every file that arrived, read once it ended
                 ref = spark_reference(topo, spark_input.build_dataframe(self.spark, topo))

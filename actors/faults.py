@@ -57,6 +57,22 @@ def not_yet_added(topo: Topology) -> list[int]:
 PING_TIMEOUT_S = 0.1
 
 
+class RunRestart(RuntimeError):
+    """The run lost an actor it cannot replace in place: the aggregator (it
+    holds everything committed) or a live stream's source (its inbox is in
+    memory). ``actors.pipeline.run_with_restarts`` stops the attempt and starts
+    another:
+    a live stream from its last checkpoint, a finite input from its start.
+    ``at_s``: when it was noticed (seconds into the attempt); ``failures``: the
+    attempt's fault events (report.json ``failures``)."""
+
+    def __init__(self, message: str, at_s: float = 0.0,
+                 failures: Sequence[dict[str, Any]] = ()) -> None:
+        super().__init__(message)
+        self.at_s = at_s
+        self.failures = list(failures)
+
+
 # ============================================================================ injector
 
 
@@ -69,12 +85,12 @@ class Kill:
 
     @property
     def kind(self) -> str:
-        """``worker`` or ``source``."""
+        """``worker``, ``source`` or ``aggregator``."""
         return self.actor.partition("-")[0]
 
     @property
     def index(self) -> int:
-        return int(self.actor.partition("-")[2])
+        return int(self.actor.partition("-")[2] or 0)
 
 
 @dataclass(frozen=True)
@@ -233,6 +249,7 @@ class Supervisor:
         self.restarts: list[tuple[int, int, FaultEvent]] = []  # (source, epoch, event)
         self.processes = ActorProcesses()
         self._pings: dict[int, Any] = {}
+        self._agg_ping: Any = None
         self._utilization = [0.0] * len(self.workers)
         self.t0 = time.time()
         self.namespace = ""
@@ -261,6 +278,7 @@ class Supervisor:
             else:
                 self._change_membership(action, now_s)
         self._ping_workers()
+        self._ping_aggregator()
         self._check_sources()
         self.processes.sample()
 
@@ -332,7 +350,8 @@ class Supervisor:
             except ProcessLookupError:
                 ev.note = "process already gone"
         else:
-            actor = self.workers[kill.index] if kill.kind == "worker" else self.sources[kill.index]
+            actor = {"worker": self.workers, "source": self.sources,
+                     "aggregator": [self.agg]}[kill.kind][kill.index]
             ray.kill(actor, no_restart=True)
             ev.note = "ray.kill"
         ev.killed_s = time.time() - self.t0
@@ -357,6 +376,34 @@ class Supervisor:
                 self._utilization[i] = float(ray.get(ref)["utilization"])
             except ray.exceptions.RayActorError as e:
                 self._worker_died(i, type(e).__name__)
+
+    def _ping_aggregator(self) -> None:
+        """The aggregator holds everything committed: once it is dead the attempt
+        cannot finish (its sources would wait for commits forever), so it ends
+        here with ``RunRestart``."""
+        if self._agg_ping is None:
+            self._agg_ping = self.agg.pid.remote()
+        ready, _ = ray.wait([self._agg_ping], timeout=0)
+        if not ready:
+            return
+        ref, self._agg_ping = self._agg_ping, None
+        try:
+            ray.get(ref)
+        except ray.exceptions.RayActorError as e:
+            self.aggregator_lost(type(e).__name__)
+
+    def aggregator_lost(self, cause: str) -> None:
+        """Raise ``RunRestart`` for the aggregator's death (detected now)."""
+        now_s = time.time() - self.t0
+        ev = self._detected("aggregator", cause, now_s)
+        what = "its checkpoint" if self.topo.input.stream else "the start of its input"
+        ev.note = (ev.note + "; " if ev.note else "") + f"the run restarted from {what}"
+        self.say(f"[{self.topo.name}] detected the aggregator dead at {now_s:.2f} s")
+        raise RunRestart("the aggregator died", now_s, self.failure_events())
+
+    def failure_events(self) -> list[dict[str, Any]]:
+        """Every fault event so far, as report.json's ``failures`` entries."""
+        return [ev.as_dict() for ev in self.events]
 
     def _detected(self, name: str, cause: str, now_s: float) -> FaultEvent:
         """The fault event of ``name``'s death, detected at ``now_s``: the

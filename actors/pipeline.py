@@ -283,18 +283,18 @@ def _stream_checkpoint(topo: Topology, out_dir: str | Path,
     return ckpt
 
 
-class StreamRestart(RuntimeError):
-    """A live stream lost an actor it cannot replace in place - the aggregator
-    (it holds the result) or a source (its inbox is in memory): ``run_live``
-    restarts the stream from its checkpoint."""
+RunRestart = faults_mod.RunRestart
 
 
-def _lost_actor(agg: Any, faults: Any) -> str | None:
-    """``"the aggregator"`` or ``"source-i"`` if it died, else ``None``."""
+def _lost_actor(agg: Any, faults: Any, live: bool) -> str | None:
+    """``"the aggregator"`` if it died, or (a live stream, whose sources cannot
+    be replaced in place) ``"source-i"``; else ``None``."""
     try:
         ray.get(agg.pid.remote(), timeout=10)
     except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError):
         return "the aggregator"
+    if not live:
+        return None
     runs = list(getattr(faults, "runs", []))  # none before the sources started
     ready, _ = ray.wait(runs, num_returns=len(runs), timeout=0)
     for ref in ready:
@@ -307,29 +307,37 @@ def _lost_actor(agg: Any, faults: Any) -> str | None:
     return None
 
 
-def run_live(topo: Topology, out_dir: str | Path, spark: Any, *, resume: bool = False,
+def run_with_restarts(topo: Topology, out_dir: str | Path, spark: Any, *, resume: bool = False,
              restarts: int = 3, log: Callable[[str], None] | None = None,
              **kw: Any) -> dict[str, Any]:
-    """``run_pipeline`` for a live stream: when the aggregator or a source dies,
-    the stream restarts from its last checkpoint (at most ``restarts`` times;
-    the topology's ``faults`` are not injected again). The report is the last
-    attempt's, with ``stream.restarts`` (why each restart happened)."""
+    """``run_pipeline``, surviving the loss of an actor it cannot replace in
+    place (``RunRestart``): the aggregator, or a live stream's source. The
+    attempt is stopped and another one starts - a live stream from its last
+    checkpoint, a finite input from its start (the aggregator held everything
+    committed; the sources keep only what is not) - at most ``restarts`` times.
+    The topology's ``faults`` that were due by then are not injected again; the
+    later ones are, in the new attempt. The report is the last attempt's, with
+    ``restarts`` (why and when each restart happened; a live stream's also in
+    ``stream.restarts``) and every attempt's ``failures``."""
     say = log or (lambda m: print(m, file=sys.stderr))
-    causes: list[str] = []
+    history: list[dict[str, Any]] = []
+    live = topo.input.stream
     while True:
         try:
-            report = run_pipeline(topo, out_dir, spark, resume=resume, log=log, **kw)
-        except StreamRestart as e:
-            if not topo.run.checkpoint or len(causes) == restarts:
+            return run_pipeline(topo, out_dir, spark, resume=resume, log=log,
+                                history=history, **kw)
+        except RunRestart as e:
+            if live and (not topo.run.checkpoint or len(history) == restarts):
                 raise TopologyError(f"{e}; the checkpoint in {out_dir} is intact: continue "
                                     f"with --resume") from None
-            say(f"[{topo.name}] {e}: restarting the stream from its checkpoint")
-            causes.append(str(e))
-            topo = topo.model_copy(update={"faults": []})  # injected once
-            resume = True
-            continue
-        report["stream"]["restarts"] = causes
-        return report
+            if len(history) == restarts:
+                raise RuntimeError(f"{e}: given up after {restarts} restarts") from None
+            say(f"[{topo.name}] {e}: restarting the "
+                + ("stream from its checkpoint" if live else "run from the start of its input"))
+            history.append({"cause": str(e), "at_s": e.at_s, "failures": e.failures})
+            topo = topo.model_copy(update={"faults": [f for f in topo.faults
+                                                      if f.at_s > e.at_s]})
+            resume = live
 
 
 class _LiveResults:
@@ -367,6 +375,7 @@ def run_pipeline(
     resume: bool = False,
     plot: bool = True,
     clock: phases_mod.RunClock | None = None,
+    history: list[dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
     """Run ``topo`` in the current Ray cluster; write the outputs; return the report.
 
@@ -376,9 +385,12 @@ def run_pipeline(
     write ``report.png`` (``False``: the caller plots later,
     ``report.write_plot``). ``clock``: the run's ``phases`` clock (default:
     one starting now, ``RunClock.take``).
+    ``history``: the earlier attempts ``run_with_restarts`` restarted (for the report).
+    Raises ``RunRestart`` when the aggregator (or a live stream's source) died.
     """
     r = _PipelineRun(topo, out_dir, spark, progress=progress, log=log, plot=plot,
                      clock=clock if clock is not None else phases_mod.RunClock.take())
+    r.history = list(history or [])
     try:
         r.create_workers(resume)
         r.load(df)
@@ -418,6 +430,7 @@ class _PipelineRun:
         self.chunked: ChunkedLoad | None = None  # a generated stream loaded chunk by chunk
         self.stopped_by: str | None = None
         self.lag_max = 0
+        self.history: list[dict[str, Any]] = []  # earlier attempts (run_with_restarts)
 
     # ------------------------------------------------------------------ 1. workers
     def create_workers(self, resume: bool) -> None:
@@ -527,7 +540,8 @@ class _PipelineRun:
         def make_source(s: int, epoch: int = 0, dead: list[int] | None = None) -> Any:
             """Source ``s`` (``epoch`` > 0: a restart after it died, see actors.faults)."""
             if epoch > 0 and topo.input.stream:  # its inbox died with it
-                raise StreamRestart(f"source-{s} died")
+                raise RunRestart(f"source-{s} died", time.time() - self.t0,
+                                 self.faults.failure_events())
             src = Source.options(name=f"source-{s}" + (f".{epoch}" if epoch else ""),
                                  namespace=namespace, max_concurrency=4,
                                  **actor_options(topo.placement.get(f"source-{s}"))).remote(
@@ -669,11 +683,22 @@ class _PipelineRun:
         self.agg_stats = ray.get(self.agg.stats.remote())
 
     def raise_restart_if_lost(self, error: Exception) -> None:
-        """A live stream that lost its aggregator or a source restarts (``run_live``)."""
-        if self.stream is not None and not isinstance(error, StreamRestart):
-            lost = _lost_actor(self.agg, self.faults)
-            if lost is not None:
-                raise StreamRestart(f"{lost} died") from error
+        """A run that lost its aggregator (or a live stream's source) restarts
+        (``run_with_restarts``), whatever error that death caused here first."""
+        if isinstance(error, RunRestart) or not hasattr(self, "agg"):
+            return
+        lost = _lost_actor(self.agg, getattr(self, "faults", None), self.stream is not None)
+        if lost is None:
+            return
+        supervisor = getattr(self, "faults", None)
+        if lost == "the aggregator" and supervisor is not None:
+            try:
+                supervisor.aggregator_lost(type(error).__name__)
+            except RunRestart as restart:
+                raise restart from error
+        at_s = time.time() - self.t0 if hasattr(self, "t0") else 0.0
+        failures = supervisor.failure_events() if supervisor is not None else []
+        raise RunRestart(f"{lost} died", at_s, failures) from error
 
     def release(self) -> None:
         """Whatever happened: no process left stopped, no actor of the run left."""
@@ -690,6 +715,11 @@ class _PipelineRun:
                 ray.kill(a)
             except Exception:  # noqa: BLE001 - best effort cleanup
                 pass
+        if self.stream is not None:
+            # a checkpoint still being saved would otherwise finish beside the
+            # next attempt and drop logged micro-batches that attempt replays
+            # (the actors are gone, so it ends now: saved whole, or not at all)
+            self.stream.finish_checkpoints()
 
     # ------------------------------------------------------------------ 8. report
     def write_outputs(self) -> dict[str, Any]:
@@ -720,6 +750,12 @@ class _PipelineRun:
                                 "max_files_per_trigger": topo.input.max_files_per_trigger}
         self.faults.annotate(report, self.source_stats, self.worker_stats,
                              self.agg_stats)  # failures, peak RSS
+        if self.history or self.stream is not None:  # earlier attempts (run_with_restarts)
+            report["restarts"] = self.history
+            report["failures"] = [f for h in self.history for f in h["failures"]
+                                  ] + report["failures"]
+            if self.stream is not None:
+                report["stream"]["restarts"] = [h["cause"] for h in self.history]
         self.clock.start(self.t0)  # the sources go, each holding its first batch
         self.clock.end(self.t0 + self.duration_s)  # the last ack
         report["phases"] = self.clock.block()

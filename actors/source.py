@@ -818,8 +818,6 @@ class StreamInbox:
 
 #: a live stream's source waits this long for data before it takes acks again
 STREAM_POLL_S = 0.02
-#: longest a source waits at a checkpoint's cut for the driver (a dead driver)
-CUT_WAIT_S = 300.0
 
 
 # ============================================================================ Ray edge
@@ -1005,7 +1003,10 @@ class SourceActor:
                 self.core.drain()  # all before it committed
                 self.core.acks_done_ts = None  # the stream has not ended
                 table.reached.set()
-                table.go.wait(CUT_WAIT_S)
+                # no time-out: a source that went on would route rows from after
+                # the cut into a state saved as holding only what came before it
+                # (the driver always lets it go; a dead driver takes it along)
+                table.go.wait()
                 continue
             for off in range(0, table.num_rows, self.batch):
                 yield table.slice(off, self.batch), handed

@@ -37,6 +37,7 @@ import contextlib
 import logging
 import math
 import os
+import re
 import sys
 import threading
 import time
@@ -377,14 +378,15 @@ def _select_input(raw: Any, topo: Topology) -> Any:
     return df
 
 
-def stream_dataframe(spark: Any, topo: Topology) -> Any:
+def stream_dataframe(spark: Any, topo: Topology) -> tuple[Any, list[str]]:
     """A live stream (``input.stream``): Spark Structured Streaming over the
     directory ``input.path``, as ``build_dataframe``'s columns. The schema is
     the one of the files already there (a streaming file source needs one up
     front: call this once the directory holds a file); each micro-batch takes at
     most ``input.max_files_per_trigger`` new files. Files whose names start with
     ``.`` or ``_`` are ignored: write a file under such a name and rename it
-    into place, so Spark never reads half of it."""
+    into place, so Spark never reads half of it. Also returns the files'
+    columns (the schema's)."""
     from runtime.inputs.input_check import unreadable
 
     fmt = topo.input.format
@@ -397,8 +399,34 @@ def stream_dataframe(spark: Any, topo: Topology) -> Any:
     reader = (spark.readStream.format(fmt).schema(schema)
               .option("maxFilesPerTrigger", topo.input.max_files_per_trigger))
     if fmt == "csv":
-        reader = reader.option("header", "true")
-    return _select_input(reader.load(topo.input_uri()), topo)
+        # each file's header is checked against the stream's columns: Spark
+        # would otherwise read a file whose columns come in another order by
+        # position, and the wrong column would silently become the key
+        reader = reader.option("header", "true").option("enforceSchema", "false")
+    return _select_input(reader.load(topo.input_uri()), topo), list(schema.names)
+
+
+_CSV_FILE = re.compile(r"CSV header does not conform to the schema\..*?CSV file:\s*(?P<file>\S+)",
+                       re.DOTALL)
+
+
+def stream_file_error(error: BaseException, columns: list[str]) -> str | None:
+    """One line for a streamed CSV file Spark refused because its header
+    differs from the stream's ``columns`` (``stream_dataframe``): the file
+    and both column lists."""
+    m = _CSV_FILE.search(str(error))
+    if m is None:
+        return None
+    import csv
+
+    path = m["file"].removeprefix("file://")
+    try:
+        with open(path, newline="") as f:
+            header = ", ".join(next(csv.reader(f), []))
+    except OSError:
+        header = "?"
+    return (f"{path} has columns [{header}], the stream has [{', '.join(columns)}]: "
+            f"write it with the stream's columns in that order (nothing from it was counted)")
 
 
 # --------------------------------------------------------------------------- Ray shards

@@ -84,7 +84,7 @@ class LiveInput:
                  resume_from: ckpt_mod.Checkpoint | None = None) -> None:
         from actors.spark_input import stream_dataframe
 
-        self.df = stream_dataframe(spark, topo)
+        self.df, self.file_columns = stream_dataframe(spark, topo)
         self.sources = sources
         self.out_dir = Path(out_dir)
         self.aggregator = aggregator
@@ -218,11 +218,17 @@ class LiveInput:
 
     def check(self) -> None:
         """Raise if the query failed (a file Spark cannot read, a lost source)."""
+        from actors.spark_input import stream_file_error
+
         if self.error is not None:
-            raise TopologyError(f"input.path: live stream failed: {_first_line(self.error)}")
+            bad_file = stream_file_error(self.error, self.file_columns)
+            raise TopologyError(f"input.path: {bad_file}" if bad_file else
+                                f"input.path: live stream failed: {_first_line(self.error)}")
         if self.query is not None and not self.query.isActive and not self._stopping:
             exc = self.query.exception()
-            raise TopologyError(f"input.path: live stream stopped: "
+            bad_file = stream_file_error(exc, self.file_columns) if exc else None
+            raise TopologyError(f"input.path: {bad_file}" if bad_file else
+                                f"input.path: live stream stopped: "
                                 f"{_first_line(exc) if exc else 'unknown cause'}")
 
     def idle_s(self, since: float) -> float:

@@ -54,6 +54,47 @@ def out_dir(text: str) -> Path:
     return p
 
 
+#: the ``--out`` directories this process claimed -> their open, locked
+#: descriptors: held until it ends
+_CLAIMED: dict[Path, int] = {}
+
+
+def claim_out_dir(out: str | os.PathLike[str]) -> None:
+    """``out`` is this run's alone: an exclusive lock (``flock``) on the
+    directory, held until this process ends - the system lets go of it however
+    the process ends, SIGKILL included. A second run on the same ``--out`` (two
+    ``--resume``s of one stream, say) exits 2 with one line. A directory this
+    call created is removed again at exit if nothing was written into it."""
+    import atexit
+    import fcntl
+
+    path = Path(out)
+    if path.resolve() in _CLAIMED:
+        return
+    created = not path.exists()
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    except OSError as e:
+        fail(f"--out: cannot use {str(path)!r} ({e.strerror or type(e).__name__})")
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        os.close(fd)
+        fail(f"--out: {str(path)!r} is in use by another run; wait for it to end or choose "
+             f"another --out")
+    _CLAIMED[path.resolve()] = fd
+    if created:
+        atexit.register(_remove_if_empty, path)
+
+
+def _remove_if_empty(path: Path) -> None:
+    try:
+        path.rmdir()  # only if empty: nothing was written
+    except OSError:
+        pass
+
+
 def load_or_exit(path: str, overrides: Sequence[str], *, check_input: bool = True) -> Topology:
     """The topology, or exit 2 with one line; with ``check_input``, its input
     exists and its app can run (the operator loads: ``check_app``)."""

@@ -18,7 +18,15 @@ import time
 from pathlib import Path
 from typing import Any, NoReturn
 
-from runtime.cli import EXIT_BAD_INPUT, base_parser, check_address, fail, load_or_exit, run_main
+from runtime.cli import (
+    EXIT_BAD_INPUT,
+    base_parser,
+    check_address,
+    claim_out_dir,
+    fail,
+    load_or_exit,
+    run_main,
+)
 from runtime.reporting import phases
 from runtime.reporting.report import default_out_dir, summary_table
 from runtime.topology import Topology, TopologyError
@@ -98,16 +106,22 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     check_address(args.address)
     out = args.out or default_out_dir(topo.name)
+    existed = Path(out).exists()  # (claim_out_dir creates it)
+    resume = False
     if args.resume:
-        _take_over(topo, args.out)
+        resume = _take_over(topo, args.out)
     elif topo.input.stream and (Path(out) / ".checkpoint").exists():
         fail(f"--out: {out} holds a live stream's checkpoint: add --resume to continue that "
              f"stream, or choose another --out")
+    else:
+        claim_out_dir(out)
 
-    return _run(topo, Path(out), args, (executors, cores, args.spark_executor_memory, spark_conf))
+    return _run(topo, Path(out), args, (executors, cores, args.spark_executor_memory, spark_conf),
+                resume=resume, existed=existed)
 
 
-def _run(topo: Topology, out: Path, args: Any, sizing_args: tuple[Any, ...]) -> int:
+def _run(topo: Topology, out: Path, args: Any, sizing_args: tuple[Any, ...], *,
+         resume: bool, existed: bool) -> int:
     """The run: Ray and Spark up, the stream, then the result first
     (``result.parquet``, ``report.json``, the summary), the plot while Spark
     and Ray shut down, and ``report.json``'s final ``phases``. Spark's and
@@ -116,7 +130,6 @@ def _run(topo: Topology, out: Path, args: Any, sizing_args: tuple[Any, ...]) -> 
     from runtime.reporting.report import write_plot
 
     sizing = SparkSizing(*sizing_args)
-    existed = out.exists()
     out.mkdir(parents=True, exist_ok=True)
     log_file = out / ENGINE_LOG
     plotter: threading.Thread | None = None
@@ -124,7 +137,7 @@ def _run(topo: Topology, out: Path, args: Any, sizing_args: tuple[Any, ...]) -> 
     try:
         with RayEngine(topo.name, args.address, topo=topo, spark=sizing,
                        log_file=log_file) as engine:
-            report = engine.run(topo, out, progress=not args.no_progress, resume=args.resume,
+            report = engine.run(topo, out, progress=not args.no_progress, resume=resume,
                                 verify=args.verify, plot=False)
             clock = engine.clock
             assert clock is not None
@@ -192,22 +205,23 @@ def _failed(error: BaseException, out: Path, log_file: Path, existed: bool) -> N
               f"{log_file}", file=sys.stderr)
 
 
-def _take_over(topo: Topology, out: str | None) -> None:
-    """``--resume``: check there is a stream to continue and that its driver is
-    gone; stop what is left of that run's Ray and Spark processes."""
+def _take_over(topo: Topology, out: Path | None) -> bool:
+    """``--resume``: check that the stream's driver is gone (``--out`` is
+    claimed: no other run holds it) and stop what is left of that run's Ray and
+    Spark processes. ``True``: continue from its checkpoint; ``False``: it died
+    before its first checkpoint (nothing was committed), so the stream starts
+    afresh."""
     from runtime.dataflow import checkpoint
 
     if not topo.input.stream:
         fail("--resume: only for a live stream (input.stream: true)")
     if out is None:
         fail("--resume: needs --out DIR, the output directory of the stream to continue")
+    claim_out_dir(out)
     try:
         found = checkpoint.load(out)
     except ValueError as e:
         fail(f"--resume: {e}")
-    if found is None:
-        fail(f"--resume: no checkpoint in {out} (a live stream's --out, with "
-             f"run.checkpoint: true)")
     driver = checkpoint.recorded_driver(out)
     if driver is not None and driver != os.getpid():
         fail(f"--resume: the run that writes {out} is still running (pid {driver}); "
@@ -215,6 +229,15 @@ def _take_over(topo: Topology, out: str | None) -> None:
     left = checkpoint.stop_leftovers(out)
     if left:
         print(f"resume: stopped {left} process(es) left by the dead run", file=sys.stderr)
+    if found is not None:
+        return True
+    try:
+        checkpoint.discard_unstarted(out)
+    except ValueError as e:
+        fail(f"--resume: {e}")
+    print(f"resume: no checkpoint in {out} yet (its run died before the first one; nothing "
+          f"was committed): starting the stream afresh", file=sys.stderr)
+    return False
 
 
 def exit_now(code: int) -> NoReturn:

@@ -372,8 +372,9 @@ class FaultSpec(_Strict):
     @classmethod
     def _actor_name(cls, v: str) -> str:
         kind, _, idx = v.partition("-")
-        if kind not in ("worker", "source") or not idx.isdigit():
-            raise ValueError(f"must name an actor like worker-3 or source-0 (got {v!r})")
+        if v != "aggregator" and (kind not in ("worker", "source") or not idx.isdigit()):
+            raise ValueError(f"must name an actor like worker-3, source-0 or aggregator "
+                             f"(got {v!r})")
         return v
 
 
@@ -445,7 +446,7 @@ class Topology(_Strict):
         for i, f in enumerate(self.faults):
             kind, _, idx = f.kill.partition("-")
             limit = self.workers.count if kind == "worker" else self.sources
-            if int(idx) >= limit:
+            if kind != "aggregator" and int(idx) >= limit:
                 raise ValueError(f"faults.{i}.kill: {f.kill!r} does not exist ({kind}s: {limit})")
         for name in self.placement:
             kind, _, idx = name.partition("-")

@@ -68,7 +68,7 @@ def test_files_dropped_into_a_live_stream_are_counted_once(ray_spark, tmp_path) 
     its checkpoint); SIGTERM once everything is in: exact."""
     import ray
 
-    from actors.pipeline import run_live
+    from actors.pipeline import run_with_restarts
 
     words = pq.read_table(WORDS).slice(0, 70_000)
     sizes = [20_000, 10_000, 10_000, 10_000, 10_000, 10_000]
@@ -115,7 +115,7 @@ def test_files_dropped_into_a_live_stream_are_counted_once(ray_spark, tmp_path) 
             if len(namespace) == 1:
                 threading.Thread(target=feed, daemon=True).start()
 
-    report = run_live(topo, out, ray_spark, progress=False, log=log)
+    report = run_with_restarts(topo, out, ray_spark, progress=False, log=log)
     assert not failure, failure
     stream = report["stream"]
     assert stream["restarts"] == ["the aggregator died", "source-0 died"]
@@ -147,6 +147,47 @@ def test_a_stream_stops_once_idle_and_takes_files_a_few_at_a_time(ray_spark, tmp
     assert report["stream"]["stopped_by"] == "idle"
     assert report["stream"]["micro_batches"] == 3
     _check_exact(ray_spark, topo, out)
+
+
+def test_a_streamed_csv_file_with_its_columns_in_another_order_stops_the_stream(
+        ray_spark, tmp_path) -> None:
+    """A CSV file whose header differs from the stream's columns (here: the same
+    columns, swapped) is never read by position - that made its other column
+    the key, silently. The stream stops with one line naming the file and both
+    column lists."""
+    import threading
+
+    import pyarrow as pa
+
+    from actors.pipeline import run_pipeline
+    from runtime.topology import TopologyError
+
+    words = pq.read_table(WORDS).slice(0, 2_000).select(["key"])
+    first = words.append_column("note", pa.array(["n"] * words.num_rows))
+    indir, out = tmp_path / "in", tmp_path / "out"
+    indir.mkdir()
+    _drop(first, indir, "part-0.csv")
+    topo = load_topology({
+        "name": "stream-csv-columns",
+        "input": {"format": "csv", "path": str(indir), "stream": True},
+        "sources": 1, "workers": {"count": 2, "service_us": 0},
+        "grouping": {"scheme": "kg"},
+        "app": {"kind": "wordcount", "aggregate_every_s": 0.25},
+        "run": {"batch": 500, "until_idle_s": 60},
+    }, check_input=True)
+
+    def swap_later() -> None:
+        while _counted(out) < first.num_rows:
+            time.sleep(0.05)
+        _drop(first.select(["note", "key"]), indir, "part-1.csv")
+
+    threading.Thread(target=swap_later, daemon=True).start()
+    with pytest.raises(TopologyError) as e:
+        run_pipeline(topo, out, ray_spark, progress=False, log=lambda m: None)
+    line = str(e.value)
+    assert "\n" not in line and "part-1.csv" in line, line
+    assert "[note, key]" in line and "[key, note]" in line, line
+    assert _counted(out) == first.num_rows  # the first file, once; nothing of the second
 
 
 def _dead_run_processes(out: Path) -> list[tuple[int, float]]:

@@ -163,6 +163,24 @@ def record_processes(out_dir: str | os.PathLike[str]) -> None:
     os.replace(tmp, d / PROCESSES_FILE)
 
 
+def discard_unstarted(out_dir: str | os.PathLike[str]) -> None:
+    """Forget what a run that died before its first checkpoint left in
+    ``out_dir``'s checkpoint directory: its process list and empty folders.
+    ``ValueError`` if anything else is there (then it is not such a run)."""
+    d = checkpoint_dir(out_dir)
+    if not d.exists():
+        return
+    (d / PROCESSES_FILE).unlink(missing_ok=True)
+    for sub in sorted(d.rglob("*"), key=lambda p: len(p.parts), reverse=True):
+        if sub.is_dir() and not any(sub.iterdir()):
+            sub.rmdir()
+    left = sorted(str(p.relative_to(d)) for p in d.rglob("*"))
+    if left:
+        raise ValueError(f"{d} holds {', '.join(left[:3])} but no checkpoint: not a stream "
+                         f"that died before its first checkpoint; choose another --out")
+    d.rmdir()
+
+
 def _alive(pid: int, created: float) -> Any:
     """The process if it is still the one recorded (a reused pid is not)."""
     import psutil

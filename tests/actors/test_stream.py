@@ -343,15 +343,129 @@ def test_resume_needs_a_checkpoint_and_a_checkpoint_needs_resume(tmp_path, capsy
     indir.mkdir()
     topo = tmp_path / "t.yaml"
     topo.write_text(f"input: {{format: parquet, path: {indir}, stream: true}}\n")
-    for args, message in [
-        ([str(topo), "--resume"], "--resume: needs --out DIR"),
-        ([str(topo), "--out", str(out), "--resume"], "--resume: no checkpoint in"),
-    ]:
-        with pytest.raises(SystemExit) as e:
-            main(args)
-        assert e.value.code == 2 and message in capsys.readouterr().err
+    with pytest.raises(SystemExit) as e:
+        main([str(topo), "--resume"])
+    assert e.value.code == 2 and "--resume: needs --out DIR" in capsys.readouterr().err
     ck.save(out, ck.Checkpoint(0, 10, None, {"kind": "wordcount"}))
     with pytest.raises(SystemExit) as e:
         main([str(topo), "--out", str(out)])
     assert e.value.code == 2
     assert "holds a live stream's checkpoint: add --resume" in capsys.readouterr().err
+
+
+def test_a_source_routes_nothing_after_a_cut_until_the_checkpoint_lets_it_go(
+        monkeypatch) -> None:
+    """However long the checkpoint takes: a source that went on after a wait
+    (it used to, after ``CUT_WAIT_S``) would route rows from after the cut, and
+    the checkpoint would then label them with the earlier batch id - counted
+    again on a resume."""
+    import time
+
+    from actors import source as source_mod
+
+    monkeypatch.setattr(source_mod, "CUT_WAIT_S", 0.05, raising=False)
+    src = source_mod.SourceActor(0, None, [], "kg", 2, 0, {}, batch=10, max_inflight=2,
+                                 rate_per_source=0.0, key="key")
+    assert src.inbox is not None
+    src.feed(_table(5), 1.0)
+    src.cut()
+    src.feed(_table(5, 5), 2.0)
+    src.end_stream()
+    got: list[int] = []
+
+    def consume() -> None:
+        for table, _ in src._stream_batches(src.inbox):
+            got.append(table.num_rows)
+
+    th = threading.Thread(target=consume, daemon=True)
+    th.start()
+    assert src.reached_cut(timeout=5)
+    time.sleep(0.3)  # the checkpoint is being saved (slowly)
+    assert got == [5], "rows after the cut were routed before the checkpoint was saved"
+    src.pass_cut()
+    th.join(5)
+    assert got == [5, 5]
+
+
+def test_a_failed_attempt_returns_only_once_its_checkpoint_save_ended(tmp_path) -> None:
+    """``release`` waits for a checkpoint being saved: an old save finishing
+    beside the next attempt would drop logged micro-batches that attempt
+    replays (it read the checkpoint before that save)."""
+    import time
+
+    from actors.pipeline import _PipelineRun
+
+    topo = load_topology({"name": "t", "input": {"format": "zipf", "messages": 10}})
+    saved = threading.Event()
+
+    def save() -> None:
+        time.sleep(0.3)
+        saved.set()
+
+    class Stream:
+        def __init__(self) -> None:
+            self._checkpointer = threading.Thread(target=save, daemon=True)
+            self._checkpointer.start()
+
+        def stop(self) -> None:
+            pass
+
+        def finish_checkpoints(self) -> None:
+            self._checkpointer.join()
+
+    run = _PipelineRun(topo, tmp_path, None, progress=False, log=None)
+    run.stream = Stream()  # type: ignore[assignment]
+    run.release()
+    assert saved.is_set(), "release returned while a checkpoint was still being saved"
+
+
+def test_resume_before_the_first_checkpoint_starts_the_stream_afresh(tmp_path, capsys) -> None:
+    """A driver killed while starting left no checkpoint (maybe not even its
+    --out, maybe its process list): nothing was committed, so ``--resume``
+    starts the stream afresh instead of refusing."""
+    import json
+
+    from runtime.dataflow import checkpoint as ck
+    from runtime.run import _take_over
+
+    indir = tmp_path / "in"
+    indir.mkdir()
+    topo = load_topology({"input": {"format": "parquet", "path": str(indir), "stream": True}})
+    assert _take_over(topo, tmp_path / "never-created") is False
+    assert "starting the stream afresh" in capsys.readouterr().err
+    out = tmp_path / "out"
+    (ck.checkpoint_dir(out) / "wal").mkdir(parents=True)
+    (ck.checkpoint_dir(out) / ck.PROCESSES_FILE).write_text(json.dumps(
+        {"driver": [1, 0.0], "children": []}))  # a dead driver's (pid 1 started long ago)
+    assert _take_over(topo, out) is False
+    assert not ck.exists(out)  # a fresh run may start there
+    ck.save(out, ck.Checkpoint(3, 10, None, {"kind": "wordcount"}))
+    assert _take_over(topo, out) is True
+
+
+def test_a_second_run_on_a_live_out_directory_exits_2(tmp_path) -> None:
+    """``--out`` is locked for the run's whole life: a second run (two
+    ``--resume``s of one stream, or any run) on it stops at once."""
+    import subprocess
+    import sys
+
+    from runtime import cli
+
+    out, indir = tmp_path / "out", tmp_path / "in"
+    indir.mkdir()
+    finite, stream = tmp_path / "finite.yaml", tmp_path / "stream.yaml"
+    finite.write_text("input: {format: zipf, messages: 100}\n")
+    stream.write_text(f"input: {{format: parquet, path: {indir}, stream: true}}\n")
+    cli.claim_out_dir(out)  # this process is the live run
+    try:
+        for args in ([finite], [stream], [stream, "--resume"]):
+            p = subprocess.run([sys.executable, "-m", "runtime.run", str(args[0]), "--out",
+                                str(out), *args[1:]], capture_output=True, text=True,
+                               timeout=60, cwd=Path(__file__).resolve().parents[2])
+            assert p.returncode == 2, p.stderr
+            lines = p.stderr.strip().splitlines()
+            assert len(lines) == 1 and "is in use by another run" in lines[0], p.stderr
+    finally:
+        import os
+
+        os.close(cli._CLAIMED.pop(out.resolve()))
