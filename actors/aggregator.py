@@ -1,133 +1,18 @@
-"""The aggregator actor: merges the workers' periodic partials into the final table.
-
-``AggregatorCore`` drives the app's operator on the aggregator's side
-(``runtime.operators.AggregatorApp``: merge every committed partial, ``finish``
-at the end). Workers' flushes arrive through ``commit(flush)``: each is merged *and* recorded in the
-``runtime.dataflow.reliability.CommitLedger`` in the same call - a flush is committed
-atomically or not at all - in sequence order per worker (an early one waits
-for the gap to fill), duplicates ignored, and nothing more from a worker once
-``fence_worker`` declared it dead. ``merge(partial)`` (no bookkeeping) stays
-for plain partials. A plain (single-threaded) Ray actor, so calls run one at a
-time in arrival order.
-
-For a coordinated scheme (ACG) the aggregator also hosts the scheme's
-controller (``coordinator``): a flush's ``report`` (the worker's service
-rate) and the sources' ``report_routed`` (per-VW load) feed it, every
-commit answer carries its current VW table back to the worker (which relays
-it to the sources on acks), a fenced worker leaves it and ``worker_added``
-joins one.
+"""The aggregator actor (``aggregator``): ``runtime.dataflow.aggregator.AggregatorCore``
+as a plain (single-threaded) Ray actor, so its calls run one at a time in
+arrival order: a flush is committed atomically or not at all.
 """
 
 from __future__ import annotations
 
 import os
-import time
-from collections.abc import Callable
 from typing import Any
 
-import pyarrow as pa
-
-from runtime.dataflow.reliability import CommitLedger, Flush, peak_rss_mb
+from runtime.dataflow.aggregator import AggregatorCore
 
 
-class AggregatorCore:
-    """``app``: the topology's ``app`` section (a mapping; its operator is built
-    here, ``base_dir`` resolving a user's file) or a ``BoundOperator``."""
-
-    def __init__(self, app: Any, base_dir: str = ".", coordinator: Any = None,
-                 clock: Callable[[], float] = time.time, state: Any = None) -> None:
-        """``state``: a live stream's checkpointed state to start from (``snapshot``)."""
-        from runtime.operators import AggregatorApp, BoundOperator, operator_for_app
-
-        self.coordinator = coordinator
-        self.clock = clock
-        op = app if isinstance(app, BoundOperator) else operator_for_app(app, base_dir)
-        self.app = AggregatorApp(op)
-        if state is not None:
-            self.app.restore(state)
-        self.partials = 0
-        self.ledger = CommitLedger()
-        self._early: dict[int, dict[int, Flush]] = {}  # worker -> seq -> flush
-
-    def merge(self, partial: Any) -> None:
-        if isinstance(partial, Flush):
-            self.commit(partial)
-            return
-        self.app.merge(partial)
-        self.partials += 1
-
-    def commit(self, flush: Flush) -> tuple[str, int, Any]:
-        """Commit a worker's flush. Returns the verdict - ``"commit"``,
-        ``"duplicate"``, ``"fenced"``, or ``"pending"`` (arrived before an earlier
-        one; committed when that comes) - the worker's committed sequence and
-        the coordinator's current table (None without a coordinator)."""
-        verdict = self.ledger.admit(flush)
-        table = None
-        if self.coordinator is not None:
-            now = self.clock()
-            if flush.report is not None and verdict != "fenced":
-                self.coordinator.report_from(flush.worker, flush.report, now)
-            self.coordinator.tick(now)
-            table = self.coordinator.table()
-        if verdict == "gap":
-            self._early.setdefault(flush.worker, {})[flush.seq] = flush
-            verdict = "pending"
-        elif verdict == "commit":
-            self._apply(flush)
-            early = self._early.get(flush.worker, {})
-            nxt = early.pop(flush.seq + 1, None)
-            while nxt is not None:
-                self._apply(nxt)
-                nxt = early.pop(nxt.seq + 1, None)
-        return verdict, self.ledger.committed_seq.get(flush.worker, 0), table
-
-    def _apply(self, flush: Flush) -> None:
-        self.app.merge(flush.partial, flush.worker)
-        self.partials += 1
-        self.ledger.record(flush)
-
-    def fence_worker(self, worker: int) -> int:
-        """Declare ``worker`` dead; its final committed flush sequence."""
-        self._early.pop(int(worker), None)
-        if self.coordinator is not None:
-            self.coordinator.remove_worker(worker)
-        return self.ledger.fence_worker(worker)
-
-    def report_routed(self, source: int, report: dict[str, Any]) -> Any:
-        """A source's per-VW routed counts (coordinated schemes), once per epoch;
-        the answer is the coordinator's current table (a plan may be due)."""
-        if self.coordinator is None:
-            return None
-        self.coordinator.routed_from(source, report)
-        self.coordinator.tick(self.clock())
-        return self.coordinator.table()
-
-    def worker_added(self, worker: int) -> None:
-        """``worker`` joined the run (elasticity): the coordinator gives it VWs."""
-        if self.coordinator is not None:
-            self.coordinator.add_worker(worker)
-
-    def start_run(self, t0: float) -> None:
-        """The run's clock starts (the coordinator's first plan is due soon after)."""
-        if self.coordinator is not None:
-            self.coordinator.start(t0)
-
-    def fence_for_source(self, worker: int, source: int) -> tuple[int, list[Any]]:
-        """Declare ``worker`` dead; its final committed flush and the ``(batch,
-        idx)`` of ``source`` its committed flushes hold."""
-        seq = self.fence_worker(worker)
-        return seq, self.ledger.worker_claims(worker, source)
-
-    def committed_claims(self, source: int) -> dict[str, Any]:
-        return self.ledger.claims_of(source)
-
-    def committed_seq(self, worker: int) -> int:
-        return self.ledger.committed_seq.get(int(worker), 0)
-
-    def committed_seqs(self) -> dict[int, int]:
-        """Every worker's latest committed flush (a blocked source's replay log
-        releases with it)."""
-        return {int(w): int(s) for w, s in self.ledger.committed_seq.items()}
+class AggregatorActor(AggregatorCore):
+    """``AggregatorCore`` plus where its process runs (fault injection, peak RSS)."""
 
     def pid(self) -> int:
         return os.getpid()
@@ -137,24 +22,8 @@ class AggregatorCore:
 
         return ray.get_runtime_context().get_node_id()
 
-    def result(self) -> pa.Table:
-        return self.app.result()
-
-    def snapshot(self) -> Any:
-        """The committed state (a live stream's checkpoint); taken between two
-        calls, so no flush is half in it."""
-        return self.app.state()
-
-    def stats(self) -> dict[str, Any]:
-        out = {"partials": self.partials, **self.ledger.stats(),
-               "early_flushes": sum(len(v) for v in self._early.values()),
-               "peak_rss_mb": peak_rss_mb()}
-        if self.coordinator is not None:
-            out["coordinator"] = self.coordinator.summary()
-        return out
-
 
 def actor_class() -> Any:
     import ray
 
-    return ray.remote(AggregatorCore)
+    return ray.remote(AggregatorActor)

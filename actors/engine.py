@@ -258,7 +258,7 @@ def verify_result(topo: Topology, ref: Any, out: Path) -> dict[str, Any]:
     from runtime.operators import table_diff
 
     got = pq.read_table(out / "result.parquet")
-    equal = table_diff(got, ref) is None  # floats within 1e-9 relative (DESIGN.md)
+    equal = table_diff(got, ref) is None  # floats within 1e-9 relative (docs/design.md)
     what = {"wordcount": "groupBy(key).count()", "naive-bayes": "groupBy(key, label).count()",
             "heavy-hitters": f"exact top {topo.app.top_k}",
             "aggregate": f"groupBy(key).agg({', '.join(topo.app.aggs or ())} of "

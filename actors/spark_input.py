@@ -2,7 +2,7 @@
 
 1. ``start_spark()``: a one-executor RayDP Spark session inside the running
    Ray cluster, with the Java 17 ``--add-opens`` options and the raydp 1.6.5
-   ``set_load_code_from_local`` fix (``/work/shared/RAYDP.md``).
+   ``set_load_code_from_local`` fix (docs/spark.md).
 2. ``build_dataframe(spark, topo)``: the topology's input as a Spark
    DataFrame with a ``key`` string column (and ``label`` int64 for
    naive-bayes). Files are read by Spark; generated streams are produced *by
@@ -79,7 +79,7 @@ def _install_load_code_fix() -> None:
     its cross-language call and never turns it off; the pooled Python worker
     then fails to create module-level actor classes from inside tasks (and
     breaks ``ray.data.read_parquet``). We replace the remote function with one
-    that calls the original and resets the flag in ``finally`` (RAYDP.md).
+    that calls the original and resets the flag in ``finally`` (docs/spark.md).
     Idempotent.
     """
     from raydp.spark import dataset as raydp_dataset

@@ -41,6 +41,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import numpy as np
 
 from runtime.dataflow.latency import LatencyHistogram
+from runtime.dataflow.messages import Ack
 from runtime.reporting import live_metrics
 from runtime.reporting.live_metrics import METRICS  # the catalogue, used here and re-exported
 
@@ -246,11 +247,10 @@ class WorkerTelemetry(_Ticker):
                 e(live_metrics.WORKER_LATENCY_P99, pct[1])
         e(live_metrics.HEARTBEAT, self.wall())
 
-    def batch_done(self, ack: dict[str, Any]) -> None:
+    def batch_done(self, ack: Ack) -> None:
         """One observation per processed sub-batch: its messages' mean latency."""
-        n = int(ack.get("acked", 0))
-        if n > 0 and self.emit.on:
-            self.emit(live_metrics.WORKER_BATCH_LATENCY, float(ack["lat_sum_s"]) / n)
+        if ack.acked > 0 and self.emit.on:
+            self.emit(live_metrics.WORKER_BATCH_LATENCY, ack.lat_sum_s / ack.acked)
 
 
 class SourceTelemetry(_Ticker):

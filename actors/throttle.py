@@ -10,7 +10,7 @@ seconds after the run start). PIDs at capacity >= 1 are never stopped.
 (``workers.throttle: cpulimit``). cpulimit limits *CPU usage*, so it slows a
 CPU-bound process; a worker whose service time is emulated with sleeps uses
 little CPU and is barely slowed by it - use ``duty-cycle`` for sleep-emulated
-work (see DESIGN.md, "Facts about the platform").
+work (see docs/design.md, "Facts about the platform").
 
 Exact stopped time: a duty-cycle throttler publishes, for every process it
 throttles, the seconds it has kept it stopped so far, in a small file on its

@@ -23,14 +23,24 @@ class Parser(argparse.ArgumentParser):
     """argparse that ends a bad command line with one line and exit code 2."""
 
     def error(self, message: str) -> NoReturn:
-        self.exit(EXIT_BAD_INPUT, f"{self.prog}: {message}\n")
+        self.exit(EXIT_BAD_INPUT, f"{self.prog}: {TopologyError(message)}\n")  # one short line
 
 
-def base_parser(prog: str, description: str) -> argparse.ArgumentParser:
-    p = Parser(prog=prog, description=description)
+#: every tool checks a topology before it runs, ``runtime.run --check`` included
+CHECK_RUNS_OPERATORS = (
+    "Checking a topology (also with --check) imports the module of app.operator "
+    "(app.kind: operator) and constructs the operator with app.params: its code "
+    "runs on this machine, so check only topologies whose operator you trust.")
+
+
+def base_parser(prog: str, description: str,
+                out_default: str = "runs/<name>-<UTC timestamp>/") -> argparse.ArgumentParser:
+    """The arguments every tool takes; ``out_default``: what ``--help`` says
+    ``--out`` defaults to (the tool's own ``default_out_dir`` call)."""
+    p = Parser(prog=prog, description=description, epilog=CHECK_RUNS_OPERATORS)
     p.add_argument("topology", help="topology YAML file")
     p.add_argument("--out", type=out_dir, default=None,
-                   help="output directory (default runs/<name>-<UTC timestamp>/)")
+                   help=f"output directory (default {out_default})")
     p.add_argument("--set", dest="overrides", action="append", default=[],
                    metavar="KEY.PATH=VALUE", help="override a topology field (repeatable)")
     return p
@@ -40,17 +50,24 @@ def out_dir(text: str) -> Path:
     """``--out``: a directory we can create or write into, checked before the run
     (a file in the way would otherwise fail only when the outputs are written)."""
     p = Path(text)
+    shown = repr(text if len(text) <= 80 else f"{text[:38]}...{text[-38:]}")
     if not text.strip():
         raise argparse.ArgumentTypeError("empty path")
-    if p.exists() and not p.is_dir():
-        raise argparse.ArgumentTypeError(f"not a directory (got {text!r})")
-    parent = p.parent if not p.exists() else p
+    try:
+        exists = p.exists()
+    except (OSError, ValueError) as e:  # ENAMETOOLONG, a NUL
+        raise argparse.ArgumentTypeError(
+            f"not a possible path ({getattr(e, 'strerror', None) or type(e).__name__}; "
+            f"got {shown})") from None
+    if exists and not p.is_dir():
+        raise argparse.ArgumentTypeError(f"not a directory (got {shown})")
+    parent = p.parent if not exists else p
     while not parent.exists() and parent != parent.parent:
         parent = parent.parent
     if not parent.is_dir():
-        raise argparse.ArgumentTypeError(f"{str(parent)!r} is not a directory (got {text!r})")
+        raise argparse.ArgumentTypeError(f"{str(parent)!r} is not a directory (got {shown})")
     if not os.access(parent, os.W_OK | os.X_OK):
-        raise argparse.ArgumentTypeError(f"{str(parent)!r} is not writable (got {text!r})")
+        raise argparse.ArgumentTypeError(f"{str(parent)!r} is not writable (got {shown})")
     return p
 
 

@@ -192,7 +192,9 @@ def run_all(topos: Sequence[Topology], engine: Engine, out: Path, *, progress: b
 
 def main(argv: list[str] | None = None) -> int:
     p = base_parser("python -m runtime.compare",
-                    "Run one topology with several grouping schemes and compare them.")
+                    "Run one topology with several grouping schemes and compare them.",
+                    out_default="runs/compare-<name>-<UTC timestamp>/, one directory per "
+                                "scheme in it")
     p.add_argument("--schemes", default=",".join(DEFAULT_SCHEMES),
                    help=f"comma-separated schemes (default {','.join(DEFAULT_SCHEMES)})")
     p.add_argument("--engine", choices=("ray", "sim"), default="ray",

@@ -1,6 +1,6 @@
 """The seam between the entry points and the two engines.
 
-An ``Engine`` runs a topology, writes its outputs to a directory (DESIGN.md:
+An ``Engine`` runs a topology, writes its outputs to a directory (docs/design.md:
 ``report.json``, ``timeseries.csv``, ``result.parquet``, ``report.png``) and
 returns the report, as written to ``report.json``:
 

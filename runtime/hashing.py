@@ -1,7 +1,7 @@
 """64-bit key hashing shared by every source, worker and the simulator.
 
 Keys are hashed once to 64 bits; a key's i-th independent choice is
-``H_i(k) = mix64(h(k) + i * SEED_STEP)`` (ALGORITHMS.md). Never Python's
+``H_i(k) = mix64(h(k) + i * SEED_STEP)`` (docs/algorithms.md). Never Python's
 built-in ``hash``: it is salted per process, so sources would disagree.
 
 - ``str``/``bytes`` keys: MurmurHash3 x64-128 (seed 0) of the UTF-8 bytes,

@@ -2,7 +2,7 @@
 
 Runs a topology on the real engine: Ray actors fed by Spark (RayDP). See
 ``actors.engine.RayEngine`` for the session, ``actors.pipeline`` for the run
-itself and DESIGN.md for the contracts: exit 0 with a summary table on stdout
+itself and docs/design.md for the contracts: exit 0 with a summary table on stdout
 and the outputs in DIR; bad input -> exit 2 and one line on stderr; Ctrl-C ->
 130. Every throttled worker is resumed and Spark and Ray are shut down on every
 exit path. Nothing of Ray is imported before the input passed its checks

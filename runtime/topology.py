@@ -1,8 +1,14 @@
 """The topology YAML schema (pydantic): load, override, validate.
 
-Field names are a contract (DESIGN.md). Every error becomes one line naming
-the field and the bad value: ``TopologyError("workers.capacity: ... (got -1)")``;
-the command-line tools print it and exit 2.
+Field names are a contract (docs/design.md, "Topology YAML"). Every error
+becomes one line naming the field and the bad value, at most ``MAX_MESSAGE``
+characters: ``TopologyError("workers.capacity: ... (got -1)")``; the command-line
+tools print it and exit 2.
+
+YAML is read as YAML 1.2's core schema (``010`` is ten, ``1:30`` is text, ``yes``
+is text), and a hostile file is refused before it costs anything: at most
+``MAX_FILE_BYTES``, nested at most ``MAX_DEPTH`` levels, at most ``MAX_VALUES``
+values once its aliases are expanded (docs/input.md, "The topology").
 """
 
 from __future__ import annotations
@@ -10,6 +16,7 @@ from __future__ import annotations
 import math
 import os
 import re
+import stat
 from pathlib import Path
 from typing import Annotated, Any, Literal, get_args
 
@@ -37,6 +44,23 @@ APPS: tuple[str, ...] = get_args(AppKind)
 AGGS = ("count", "sum", "min", "max", "mean")
 #: a URI scheme (``s3a://``, ``hdfs://``, ``file://``): the path is not a local file name
 _URI = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
+#: the longest error line (the field comes first, so a cut keeps it)
+MAX_MESSAGE = 200
+#: a topology file is a few KB: more than this is not one (``/dev/zero``, a log...)
+MAX_FILE_BYTES = 1 << 20
+#: nesting levels a YAML document may have (a topology needs 4)
+MAX_DEPTH = 32
+#: values (mappings, lists, scalars) a YAML document may hold once its aliases
+#: are expanded (a topology holds a few hundred; a "billion laughs" holds 10**9)
+MAX_VALUES = 100_000
+#: values a YAML document may hold as written (each costs Python time to build:
+#: a per-worker capacity list for the most workers, 10,000, still fits)
+MAX_NODES = 20_000
+#: longest run name: it names the output directory (``<name>-<UTC timestamp>``)
+#: and a Ray namespace
+MAX_NAME = 100
+#: Linux's limits: a path longer, or with a longer component, cannot exist
+PATH_MAX, NAME_MAX = 4095, 255
 
 
 class TopologyError(ValueError):
@@ -46,17 +70,32 @@ class TopologyError(ValueError):
     newline in it) is shown escaped (``\\n``)."""
 
     def __init__(self, message: str) -> None:
-        super().__init__("".join(c if c.isprintable() else repr(c)[1:-1] for c in str(message)))
+        line = "".join(c if c.isprintable() else repr(c)[1:-1] for c in str(message))
+        if len(line) > MAX_MESSAGE:  # a hostile value or path: keep the field, cut the rest
+            line = line[: MAX_MESSAGE - 3] + "..."
+        super().__init__(line)
 
 
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
 
 
-PosInt = Annotated[int, Field(strict=True, ge=1)]
+#: sizes (batch, counters, queue lengths): a billion is a typo, and would be
+#: allocated before it failed
+PosInt = Annotated[int, Field(strict=True, ge=1, le=10**9)]
+#: message counts (a generated stream's length, ``limit``)
+Messages = Annotated[int, Field(strict=True, ge=1, le=10**12)]
 #: how many workers / sources: each is a process, so a typo of 10**6 is an error
-Count = Annotated[int, Field(strict=True, ge=1, le=10_000)]
-NonNegFloat = Annotated[float, Field(ge=0)]
+MAX_WORKERS = 10_000
+Count = Annotated[int, Field(strict=True, ge=1, le=MAX_WORKERS)]
+#: a seed: numpy, Spark (a long) and the hashes take 0 .. 2**63 - 1
+Seed = Annotated[int, Field(strict=True, ge=0, le=2**63 - 1)]
+#: a time in seconds (``at_s``, intervals): a year at most (``time.sleep`` of
+#: 1e300 overflows; an event after a year never comes)
+MAX_SECONDS = 365 * 86400.0
+Seconds = Annotated[float, Field(ge=0, le=MAX_SECONDS)]
+PosSeconds = Annotated[float, Field(gt=0, le=MAX_SECONDS)]
+Millis = Annotated[float, Field(ge=0, le=MAX_SECONDS * 1000)]
 
 
 class InputSpec(_Strict):
@@ -65,26 +104,32 @@ class InputSpec(_Strict):
     key: str = "key"
     #: naive-bayes: the class label column (files) - generated streams make one
     label: str = "label"
-    limit: PosInt | None = None
+    limit: Messages | None = None
     # generators
-    messages: PosInt = 200_000
-    keys: PosInt = 10_000
-    skew: NonNegFloat = 1.0
-    seed: int = 0
-    shift_every: PosInt | None = None
-    classes: PosInt = 2  # naive-bayes generated labels
-    features: PosInt = 4  # naive-bayes generated features per message
+    messages: Messages = 200_000
+    #: distinct keys: each is a string held in memory (``generators.key_names``)
+    keys: Annotated[int, Field(strict=True, ge=1, le=10**7)] = 10_000
+    skew: Annotated[float, Field(ge=0, le=100)] = 1.0
+    seed: Seed = 0
+    shift_every: Messages | None = None
+    classes: Annotated[int, Field(strict=True, ge=1, le=10_000)] = 2  # naive-bayes labels
+    features: Annotated[int, Field(strict=True, ge=1, le=1000)] = 4  # naive-bayes features
     #: a generated stream of more messages than this is produced by Spark in
     #: chunks of it: the sources start on the first chunk while Spark produces
     #: the next (``actors.shard_feed``). Null (default) loads the whole stream
     #: first: on a 2-core box both phases use every core, and overlapping them
     #: starts the stream sooner but ends the run later (docs/benchmarks.md)
-    chunk_messages: PosInt | None = None
+    chunk_messages: Messages | None = None
     #: a live stream: ``path`` is a directory read by Spark Structured Streaming;
     #: every file that lands in it is processed (README, "Streams that keep coming")
     stream: bool = False
     #: live stream: most new files one Spark micro-batch takes
     max_files_per_trigger: PosInt = 8
+
+    @field_validator("path")
+    @classmethod
+    def _possible_path(cls, v: str | None) -> str | None:
+        return _local_path("input.path", v)
 
     @model_validator(mode="after")
     def _path_for_files(self) -> InputSpec:
@@ -116,7 +161,7 @@ class InputSpec(_Strict):
 
 
 class CapacityChange(_Strict):
-    at_s: NonNegFloat
+    at_s: Seconds
     worker: Annotated[int, Field(strict=True, ge=0)]
     capacity: Annotated[float, Field(gt=0)]
 
@@ -125,9 +170,9 @@ class MembershipChange(_Strict):
     """``workers.changes`` entry ``{at_s, add: k}`` (k workers join, ids after the
     existing ones, at ``capacity``) or ``{at_s, remove: i}`` (worker i leaves)."""
 
-    at_s: NonNegFloat
-    add: Annotated[int, Field(strict=True, ge=1)] | None = None
-    remove: Annotated[int, Field(strict=True, ge=0)] | None = None
+    at_s: Seconds
+    add: Annotated[int, Field(strict=True, ge=1, le=MAX_WORKERS)] | None = None
+    remove: Annotated[int, Field(strict=True, ge=0, le=MAX_WORKERS)] | None = None
     capacity: Annotated[float, Field(gt=0)] = 1.0
 
     @model_validator(mode="after")
@@ -141,7 +186,8 @@ class MembershipChange(_Strict):
 class WorkersSpec(_Strict):
     count: Count = 4
     capacity: float | list[float] = 1.0
-    service_us: NonNegFloat = 100.0
+    #: at most 10 s per message
+    service_us: Annotated[float, Field(ge=0, le=10_000_000)] = 100.0
     throttle: Literal["duty-cycle", "cpulimit", "service"] = "duty-cycle"
     changes: list[CapacityChange] = []
     #: ``changes`` entries with ``add``/``remove`` (moved here when loading)
@@ -201,6 +247,11 @@ class WorkersSpec(_Strict):
 
     @model_validator(mode="after")
     def _consistent(self) -> WorkersSpec:
+        if self.total_count > MAX_WORKERS:
+            i = next(i for i, m in enumerate(self.membership) if m.add)
+            raise ValueError(f"workers.changes: adds {self.total_count - self.count} workers to "
+                             f"workers.count={self.count}: more than {MAX_WORKERS:,} in all "
+                             f"(the first add: {self.membership[i].add})")
         caps = self.capacity if isinstance(self.capacity, list) else [self.capacity]
         if len(caps) not in (1, self.count):
             raise ValueError(
@@ -241,16 +292,24 @@ def unknown_scheme(name: str) -> str:
 
 
 class GroupingSpec(BaseModel):
-    """``scheme`` plus scheme parameters, flat (``grouping.virtual_per_worker``).
+    """``scheme`` plus its parameters, flat (``grouping.virtual_per_worker``),
+    and optionally other schemes' parameters in a mapping named after the
+    scheme (``grouping.fish: {theta: 0.0002}``), used when that scheme runs.
 
-    A parameter no scheme knows is an error (a typo). A parameter of *another*
-    scheme is ignored for this one, so one topology can carry the tunables of
-    several schemes and ``--set grouping.scheme=kg`` still works on a CG file;
-    ``ignored_params()`` lists them (reports record them).
+    - A flat parameter must be one the chosen scheme takes: another scheme's
+      is refused, naming the schemes that take it (it would be ignored); one
+      that no scheme takes is a typo.
+    - ``--set grouping.scheme=kg`` (and ``runtime.compare --schemes``) switch
+      the scheme of a file: the file's flat parameters that its own scheme
+      takes and the new one does not are dropped (``ignored_params()`` lists
+      them), since they were written for the file's scheme.
+    - ``grouping.<scheme>`` entries override flat ones when that scheme runs.
     """
 
     model_config = ConfigDict(extra="allow")
     scheme: str = "cg"
+    #: flat parameters dropped when an override switched the scheme (load_topology)
+    _dropped: list[str] = PrivateAttr(default_factory=list)
 
     @model_validator(mode="after")
     def _known(self) -> GroupingSpec:
@@ -260,14 +319,24 @@ class GroupingSpec(BaseModel):
             raise ValueError(f"grouping.scheme: {unknown_scheme(self.scheme)}")
         mine = scheme_params(self.scheme)
         anyone = {p for name in SCHEMES for p in scheme_params(name)}
-        for k in self.model_extra or {}:
-            if k not in anyone:
-                hint = _did_you_mean(k, sorted(mine) + sorted(anyone - set(mine)) + ["scheme"])
+        for k, v in (self.model_extra or {}).items():
+            if k in SCHEMES:  # grouping.fish: {theta: ...}
+                _check_scheme_block(k, v)
+                continue
+            if k in mine:
+                continue
+            if k in anyone:
+                takers = sorted(name for name in SCHEMES if k in scheme_params(name))
                 raise ValueError(
-                    f"grouping.{k}: unknown parameter for scheme {self.scheme!r}"
-                    f"{', ' + hint if hint else ''} "
-                    f"(known: {', '.join(sorted(mine)) or 'none'})"
-                )
+                    f"grouping.{k}: not a parameter of scheme {self.scheme!r}, it would be "
+                    f"ignored (taken by {', '.join(takers)}; for them write "
+                    f"grouping.{takers[0]}.{k})")
+            hint = _did_you_mean(k, sorted(mine) + sorted(anyone - set(mine)) + ["scheme"])
+            raise ValueError(
+                f"grouping.{_cut(k, 40)}: unknown parameter for scheme {self.scheme!r}"
+                f"{', ' + hint if hint else ''} "
+                f"(known: {', '.join(sorted(mine)) or 'none'})"
+            )
         return self
 
     def check_values(self, n_workers: int, seed: int) -> None:
@@ -277,6 +346,7 @@ class GroupingSpec(BaseModel):
         from runtime.grouping import make_grouping
 
         params = self.params()
+        where = {k: (f"{self.scheme}.{k}" if k in self._block() else k) for k in params}
         try:
             make_grouping(self.scheme, n_workers, seed=seed, **params)
             return
@@ -284,35 +354,87 @@ class GroupingSpec(BaseModel):
             first = str(e).splitlines()[0] if str(e) else e.__class__.__name__
         for k in params:  # the constructor's message names the parameter?
             if first.startswith(f"{k} "):
-                raise ValueError(f"grouping.{k}: {first.removeprefix(k + ' ')}")
+                raise ValueError(f"grouping.{where[k]}: {first.removeprefix(k + ' ')}")
         for k, v in params.items():  # else: which one alone fails?
             try:
                 make_grouping(self.scheme, n_workers, seed=seed, **{k: v})
             except (TypeError, ValueError, OverflowError):
-                raise ValueError(f"grouping.{k}: invalid value for scheme {self.scheme!r} "
-                                 f"(got {_show(v)})") from None
-        raise ValueError(f"grouping: invalid parameters for scheme {self.scheme!r} ({first})")
+                raise ValueError(f"grouping.{where[k]}: invalid value for scheme "
+                                 f"{self.scheme!r} (got {_show(v)})") from None
+        raise ValueError(f"grouping: invalid parameters for scheme {self.scheme!r} "
+                         f"({_show(first, 100)})")
+
+    def _block(self) -> dict[str, Any]:
+        block = (self.model_extra or {}).get(self.scheme)
+        return dict(block) if isinstance(block, dict) else {}
 
     def params(self) -> dict[str, Any]:
-        """The parameters that apply to the chosen scheme."""
+        """The parameters of the chosen scheme: its flat ones, then its own
+        ``grouping.<scheme>`` entries over them."""
         from runtime.grouping import scheme_params
 
         mine = scheme_params(self.scheme)
-        return {k: v for k, v in (self.model_extra or {}).items() if k in mine}
+        flat = {k: v for k, v in (self.model_extra or {}).items() if k in mine}
+        return {**flat, **self._block()}
 
     def ignored_params(self) -> list[str]:
-        """Parameters given for other schemes, unused by this one."""
-        return sorted(set(self.model_extra or {}) - set(self.params()))
+        """What this scheme does not use: flat parameters of the file's scheme
+        dropped by a scheme switch, and other schemes' ``<scheme>.<param>``."""
+        from runtime.grouping import SCHEMES
+
+        other = [f"{name}.{k}" for name, block in (self.model_extra or {}).items()
+                 if name in SCHEMES and name != self.scheme and isinstance(block, dict)
+                 for k in block]
+        return sorted([*self._dropped, *other])
+
+
+def _check_scheme_block(name: str, block: Any) -> None:
+    """``grouping.<scheme>``: a mapping of that scheme's parameters."""
+    from runtime.grouping import scheme_params
+
+    if not isinstance(block, dict):
+        raise ValueError(f"grouping.{name}: expected a mapping of scheme {name!r}'s parameters "
+                         f"(got {_show(block)})")
+    mine = scheme_params(name)
+    for k in block:
+        if k not in mine:
+            hint = _did_you_mean(k, sorted(mine))
+            raise ValueError(f"grouping.{name}.{_cut(k, 40)}: unknown parameter for scheme "
+                             f"{name!r}{', ' + hint if hint else ''} "
+                             f"(known: {', '.join(sorted(mine)) or 'none'})")
+
+
+def _drop_switched_params(before: Any, data: dict[str, Any],
+                          parsed: list[tuple[list[str], Any]]) -> list[str]:
+    """An override switched the scheme (``--set grouping.scheme=kg``): drop the
+    file's flat parameters that its own scheme takes and the new one does not
+    (``GroupingSpec`` explains why); return their names."""
+    from runtime.grouping import SCHEMES, scheme_params
+
+    after = data.get("grouping")
+    if not (isinstance(before, dict) and isinstance(after, dict)) or after is before:
+        return []
+    old, new = before.get("scheme", "cg"), after.get("scheme", "cg")
+    if not (isinstance(old, str) and isinstance(new, str)) or old == new \
+            or old not in SCHEMES or new not in SCHEMES:
+        return []
+    given = {path[1] for path, _ in parsed if path[0] == "grouping" and len(path) > 1}
+    theirs, mine = scheme_params(old), scheme_params(new)
+    dropped = [k for k in after if isinstance(k, str) and k in before and k not in given
+               and k in theirs and k not in mine]
+    for k in dropped:
+        del after[k]
+    return sorted(dropped)
 
 
 class AppSpec(_Strict):
-    """``app``: what the workers compute (DESIGN.md, "Applications over records")."""
+    """``app``: what the workers compute (docs/design.md, "Applications over records")."""
 
     kind: AppKind = "wordcount"
-    aggregate_every_s: Annotated[float, Field(gt=0)] = 1.0
+    aggregate_every_s: PosSeconds = 1.0
     #: heavy-hitters: SpaceSaving counters per worker and top-k reported
-    counters: PosInt = 1000
-    top_k: PosInt = 100
+    counters: Annotated[int, Field(strict=True, ge=1, le=10**7)] = 1000
+    top_k: Annotated[int, Field(strict=True, ge=1, le=10**7)] = 100
     #: aggregate: the value column and the per-key aggregates (in this order)
     value: str | None = None
     aggs: list[str] | None = None
@@ -345,7 +467,8 @@ class AppSpec(_Strict):
         if self.kind == "operator":
             if not self.operator or ":" not in self.operator:
                 raise ValueError("app.operator: required for kind operator: 'module:Class' or "
-                                 f"'path/file.py:Class' (got {self.operator!r})")
+                                 f"'path/file.py:Class' (got {_show(self.operator)})")
+            _local_path("app.operator", self.operator.rpartition(":")[0])
             bad = [c for c in self.columns if not c or c == "key"]
             if bad or len(set(self.columns)) != len(self.columns):
                 raise ValueError("app.columns: input columns besides the key, each once "
@@ -365,23 +488,24 @@ class AppSpec(_Strict):
 
 
 class FaultSpec(_Strict):
-    at_s: NonNegFloat
+    at_s: Seconds
     kill: str
 
     @field_validator("kill")
     @classmethod
     def _actor_name(cls, v: str) -> str:
         kind, _, idx = v.partition("-")
-        if v != "aggregator" and (kind not in ("worker", "source") or not idx.isdigit()):
+        if v != "aggregator" and (kind not in ("worker", "source")
+                                  or not (idx.isdigit() and idx == str(int(idx)))):
             raise ValueError(f"must name an actor like worker-3, source-0 or aggregator "
-                             f"(got {v!r})")
+                             f"(got {_show(v)})")
         return v
 
 
 class RunSpec(_Strict):
     batch: PosInt = 1000
-    rate: NonNegFloat = 0.0
-    seed: int = 0
+    rate: Annotated[float, Field(ge=0, le=1e12)] = 0.0
+    seed: Seed = 0
     #: unacknowledged calls a source keeps in flight per worker (backpressure)
     max_inflight: PosInt = 2
     #: most messages in one call to a worker: a worker's routed sub-batches
@@ -392,18 +516,18 @@ class RunSpec(_Strict):
     #: or half its memory bound), so calls carry more than one micro-batch;
     #: 0 (and ``behind_linger_ms`` 0) sends as soon as a window is open. 10
     #: (default) moves 2.5-3x more with no emulated work (docs/benchmarks.md)
-    linger_ms: NonNegFloat = 10.0
+    linger_ms: Millis = 10.0
     #: the linger of a source behind its input (its next batch already due:
     #: ``rate`` 0, or paced and late): its messages wait for it anyway, and
     #: larger calls let it catch up; latency under the offered rate keeps
     #: ``linger_ms`` (docs/benchmarks.md)
-    behind_linger_ms: NonNegFloat = 50.0
+    behind_linger_ms: Millis = 50.0
     #: worker utilization time slot (s) for load signals and time series
-    slot_s: Annotated[float, Field(gt=0)] = 0.5
+    slot_s: PosSeconds = 0.5
     #: live stream: stop after this many seconds without new data
-    until_idle_s: Annotated[float, Field(gt=0)] | None = None
+    until_idle_s: PosSeconds | None = None
     #: live stream: stop this many seconds after the start
-    duration_s: Annotated[float, Field(gt=0)] | None = None
+    duration_s: PosSeconds | None = None
     #: live stream: most rows a source holds that it has not routed yet; Spark's
     #: next micro-batch waits (bounded memory when input outpaces the cluster)
     max_pending_rows: PosInt = 100_000
@@ -411,14 +535,31 @@ class RunSpec(_Strict):
     #: micro-batch (exactly once across a --resume; docs/reliability.md)
     checkpoint: bool = True
     #: live stream: at most this often (at a micro-batch's end)
-    checkpoint_every_s: Annotated[float, Field(gt=0)] = 1.0
+    checkpoint_every_s: PosSeconds = 1.0
 
 
 def _run_name(v: str) -> str:
     """A run's name becomes a directory name and a Ray namespace."""
     if not v.strip() or any(c in v for c in "/\\") or not v.isprintable():
         raise ValueError(f"name: must be a non-empty name without '/' or control characters "
-                         f"(got {v!r})")
+                         f"(got {_show(v)})")
+    if len(v) > MAX_NAME or len(v.encode()) > 2 * MAX_NAME:
+        raise ValueError(f"name: at most {MAX_NAME} characters: it names the run's output "
+                         f"directory (got {len(v)} characters: {_show(v, 30)})")
+    return v
+
+
+def _local_path(field: str, v: str | None) -> str | None:
+    """A local path that no system can open (longer than PATH_MAX, or a part
+    longer than NAME_MAX bytes) is refused here, not by an ``OSError`` later."""
+    if v is None or (_URI.match(v) and not v.startswith("file://")):
+        return v
+    raw = v.removeprefix("file://").encode(errors="surrogateescape")
+    if len(raw) > PATH_MAX or any(len(part) > NAME_MAX for part in raw.split(b"/")):
+        raise ValueError(f"{field}: no file can have this path: longer than {PATH_MAX} bytes, "
+                         f"or a part longer than {NAME_MAX} (got {_show(v, 40)})")
+    if "\x00" in v:
+        raise ValueError(f"{field}: a path cannot hold a NUL character (got {_show(v, 40)})")
     return v
 
 
@@ -447,12 +588,15 @@ class Topology(_Strict):
             kind, _, idx = f.kill.partition("-")
             limit = self.workers.count if kind == "worker" else self.sources
             if kind != "aggregator" and int(idx) >= limit:
-                raise ValueError(f"faults.{i}.kill: {f.kill!r} does not exist ({kind}s: {limit})")
+                raise ValueError(f"faults.{i}.kill: {_show(f.kill)} does not exist "
+                                 f"({kind}s: {limit})")
         for name in self.placement:
             kind, _, idx = name.partition("-")
             limit = {"worker": self.workers.count, "source": self.sources}.get(kind, 0)
-            if name != "aggregator" and not (idx.isdigit() and int(idx) < limit):
-                raise ValueError(f"placement: {name!r} is not an actor of this topology "
+            # the engine looks actors up by their exact name: "worker-03" would never match
+            canonical = idx.isdigit() and idx == str(int(idx))
+            if name != "aggregator" and not (canonical and int(idx) < limit):
+                raise ValueError(f"placement: {_show(name, 40)} is not an actor of this topology "
                                  f"(worker-0..{self.workers.count - 1}, "
                                  f"source-0..{self.sources - 1} or aggregator)")
             validate_amounts(name, self.placement[name])
@@ -502,15 +646,24 @@ class Topology(_Strict):
 # --------------------------------------------------------------------------- loading
 
 
-def _format_error(err: ValidationError) -> str:
+def _format_error(err: ValidationError, data: Any = None) -> str:
     """The first validation error as one line: ``field: problem (got value)``.
 
     An unknown field goes first: a misspelled name usually also explains a
-    "required field is missing" next to it."""
+    "required field is missing" next to it. ``data``: what was validated
+    (``workers.changes`` entries that add or remove workers are validated as
+    ``workers.membership``: the message names them as the user wrote them)."""
     errors = err.errors()
     e = next((x for x in errors if x["type"] == "extra_forbidden"), errors[0])
     parts = [x for x in e["loc"] if not _is_validator_tag(x)]
-    loc = ".".join(str(x) for x in parts)
+    if parts[:2] == ["workers", "membership"] and len(parts) > 2 and isinstance(parts[2], int):
+        workers = data.get("workers") if isinstance(data, dict) else None
+        changes = workers.get("changes") if isinstance(workers, dict) else None
+        mem = [i for i, c in enumerate(changes) if isinstance(c, dict)
+               and ("add" in c or "remove" in c)] if isinstance(changes, list) else []
+        if parts[2] < len(mem):
+            parts = ["workers", "changes", mem[parts[2]], *parts[3:]]
+    loc = ".".join(_cut(x, 40) for x in parts)
     msg = e["msg"].removeprefix("Value error, ")
     if _names_a_field(msg):
         return msg  # the validator already named the field
@@ -574,6 +727,12 @@ def _show(value: object, limit: int = 60) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
+def _cut(text: object, limit: int) -> str:
+    """A name for a one-line message, shortened (``_show`` quotes values)."""
+    s = str(text)
+    return s if len(s) <= limit else s[: limit - 3] + "..."
+
+
 def _did_you_mean(name: str, candidates: Any) -> str:
     """``did you mean 'count'?`` for the closest candidate, or ``""``."""
     import difflib
@@ -618,16 +777,35 @@ def _names_a_field(msg: str) -> bool:
 _YAML_ERRORS = (yaml.YAMLError, ValueError, IndexError, KeyError, TypeError, OverflowError)
 
 
-class _UniqueKeyLoader(yaml.SafeLoader):
-    """``yaml.safe_load`` that refuses a field given twice in one mapping
-    (plain YAML keeps the last one silently: a pasted duplicate would win)."""
+class _Hostile(Exception):
+    """A YAML document too deep or too big to be a topology: ``path`` names
+    where (mapping keys and list indexes)."""
+
+    def __init__(self, path: list[str], problem: str) -> None:
+        super().__init__(problem)
+        self.path, self.problem = list(path), problem
+
+    def line(self) -> str:
+        where = ".".join(self.path) or "topology"
+        return f"{where if len(where) <= 60 else where[:57] + '...'}: {self.problem}"
+
+
+class _TopologyMixin:
+    """What both topology loaders (pure Python and libyaml) add to PyYAML's."""
+
+    def get_single_data(self) -> Any:
+        node = self.get_single_node()  # type: ignore[attr-defined]
+        if node is None:
+            return None
+        _check_expansion(node)
+        return self.construct_document(node)  # type: ignore[attr-defined]
 
     def construct_mapping(self, node: Any, deep: bool = False) -> dict[Any, Any]:
         seen: set[Any] = set()
         for key_node, _ in node.value:
             if key_node.tag == "tag:yaml.org,2002:merge":  # "<<: *defaults" may be overridden
                 continue
-            key = self.construct_object(key_node, deep=deep)
+            key = self.construct_object(key_node, deep=deep)  # type: ignore[attr-defined]
             try:
                 dup = key in seen
                 seen.add(key)
@@ -635,38 +813,316 @@ class _UniqueKeyLoader(yaml.SafeLoader):
                 continue
             if dup:
                 raise yaml.constructor.ConstructorError(
-                    None, None, f"field {key!r} given twice", key_node.start_mark)
-        return super().construct_mapping(node, deep=deep)
+                    None, None, f"field {_show(key, 40)} given twice", key_node.start_mark)
+        return super().construct_mapping(node, deep=deep)  # type: ignore[misc]
+
+
+class _TopologyLoader(_TopologyMixin, yaml.SafeLoader):
+    """``yaml.safe_load`` for topologies:
+
+    - YAML 1.2's core schema for plain scalars (see ``_core_schema``): ``010``
+      is ten, not eight; ``1:30`` is text, not ninety; ``yes``/``no``/``on``/
+      ``off`` and dates are text;
+    - a field given twice in one mapping is an error (plain YAML keeps the
+      last one silently: a pasted duplicate would win);
+    - at most ``MAX_DEPTH`` levels of nesting (composing is recursive: 1,000
+      levels is a ``RecursionError``), and at most ``MAX_VALUES`` values once
+      the aliases are expanded, counted on the node graph before anything is
+      built (a "billion laughs" is refused in microseconds). Aliases and
+      merge keys (``<<: *defaults``) within that budget are fine.
+
+    ``_load_yaml`` first counts the parser's events (``_precheck``: depth and
+    ``MAX_NODES``), then loads with libyaml's parser (``_CTopologyLoader``)
+    when PyYAML has it: the pure-Python one takes seconds for 20,000 values.
+    """
+
+    def __init__(self, stream: Any) -> None:
+        super().__init__(stream)
+        self._where: list[str] = []
+
+    def compose_node(self, parent: Any, index: Any) -> Any:
+        label = (None if parent is None else str(index.value) if isinstance(index, yaml.ScalarNode)
+                 else str(index) if isinstance(index, int) else "?")
+        if label is not None:
+            self._where.append(label)
+        try:
+            if len(self._where) > MAX_DEPTH:
+                raise _Hostile(self._where[:MAX_DEPTH], f"nested more than {MAX_DEPTH} levels "
+                                                        f"deep (a topology needs 4)")
+            return super().compose_node(parent, index)
+        finally:
+            if label is not None:
+                self._where.pop()
+
+
+def _children(node: Any) -> list[tuple[str, Any]]:
+    if isinstance(node, yaml.MappingNode):
+        out = []
+        for k, v in node.value:
+            label = str(k.value) if isinstance(k, yaml.ScalarNode) else "?"
+            out += [(label, k), (label, v)]
+        return out
+    if isinstance(node, yaml.SequenceNode):
+        return [(str(i), c) for i, c in enumerate(node.value)]
+    return []
+
+
+def _check_expansion(root: Any) -> None:
+    """Refuse a node graph whose aliases expand past ``MAX_VALUES`` values or
+    ``MAX_DEPTH`` levels, or that contains itself; name the field that holds
+    the expansion. Linear in the number of distinct nodes."""
+    memo: dict[int, tuple[int, int]] = {}  # id -> (expanded size, height)
+    refs: dict[int, int] = {}
+    stack: set[int] = set()
+
+    def walk(node: Any, path: list[str]) -> tuple[int, int]:
+        k = id(node)
+        refs[k] = refs.get(k, 0) + 1
+        if k in stack:
+            raise _Hostile(path, "a YAML alias that contains itself")
+        if k not in memo:
+            if len(path) > MAX_DEPTH:
+                raise _Hostile(path[:MAX_DEPTH], f"nested more than {MAX_DEPTH} levels deep "
+                                                 f"once its YAML aliases are expanded")
+            stack.add(k)
+            size, height = 1, 0
+            for label, child in _children(node):
+                path.append(label)
+                s, h = walk(child, path)
+                path.pop()
+                size, height = size + s, max(height, h + 1)
+            stack.discard(k)
+            memo[k] = (size, height)
+        size, height = memo[k]
+        if len(path) + height > MAX_DEPTH:
+            raise _Hostile(path, f"nested more than {MAX_DEPTH} levels deep once its YAML "
+                                 f"aliases are expanded")
+        return size, height
+
+    if walk(root, [])[0] <= MAX_VALUES:
+        return
+    node, where = root, []
+    while True:  # down the biggest branch, to the field that holds the expansion
+        big = [(memo[id(c)][0], label, c) for label, c in _children(node)
+               if memo[id(c)][0] > MAX_VALUES]
+        if not big:
+            break
+        _, label, child = max(big, key=lambda b: b[0])
+        if refs[id(child)] > 1:  # an alias: this field is where it expands
+            if isinstance(node, yaml.MappingNode):
+                where.append(label)
+            break
+        where.append(label)
+        node = child
+    raise _Hostile(where, f"more than {MAX_VALUES:,} values once its YAML aliases are expanded "
+                          f"(an alias bomb?)")
+
+
+def _core_schema(loader: type[yaml.SafeLoader]) -> None:
+    """Resolve plain scalars as YAML 1.2's core schema does (PyYAML speaks
+    YAML 1.1): ints ``[-+]?[0-9]+`` (decimal even with a leading zero; ``_``
+    between digits allowed), ``0o17``, ``0x1F``; floats with a dot or an
+    exponent, ``.inf``, ``.nan``; booleans ``true``/``false`` only. No
+    sexagesimal (``1:30``), no ``0b``, no implicit dates."""
+    replaced = {"tag:yaml.org,2002:int", "tag:yaml.org,2002:float", "tag:yaml.org,2002:bool",
+                "tag:yaml.org,2002:timestamp"}
+    loader.yaml_implicit_resolvers = {
+        first: [(tag, rx) for tag, rx in resolvers if tag not in replaced]
+        for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()}
+    loader.add_implicit_resolver(
+        "tag:yaml.org,2002:bool", re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"),
+        list("tTfF"))
+    digits = r"[0-9]+(?:_[0-9]+)*"
+    loader.add_implicit_resolver(  # before float: "10" would match both
+        "tag:yaml.org,2002:int",
+        re.compile(rf"^(?:[-+]?{digits}|0o[0-7]+|0x[0-9a-fA-F]+)$"), list("-+0123456789"))
+    loader.add_implicit_resolver(
+        "tag:yaml.org,2002:float",
+        re.compile(rf"^(?:[-+]?(?:\.{digits}|{digits}\.(?:{digits})?)(?:[eE][-+]?[0-9]+)?"
+                   rf"|[-+]?{digits}[eE][-+]?[0-9]+"
+                   r"|[-+]?\.(?:inf|Inf|INF)|\.(?:nan|NaN|NAN))$"),
+        list("-+.0123456789"))
+
+    def construct_int(self: Any, node: Any) -> int:
+        v = str(self.construct_scalar(node)).replace("_", "")
+        if v.startswith(("0o", "0x")):
+            return int(v[2:], 8 if v[1] == "o" else 16)
+        return int(v, 10)
+
+    def construct_float(self: Any, node: Any) -> float:
+        v = str(self.construct_scalar(node)).replace("_", "").lower()
+        if v in (".inf", "+.inf", "-.inf"):
+            return -math.inf if v.startswith("-") else math.inf
+        if v == ".nan":
+            return math.nan
+        return float(v)
+
+    loader.add_constructor("tag:yaml.org,2002:int", construct_int)
+    loader.add_constructor("tag:yaml.org,2002:float", construct_float)
+
+
+_core_schema(_TopologyLoader)
+_CTopologyLoader: Any = None
+if getattr(yaml, "CSafeLoader", None) is not None:
+    class _CLoader(_TopologyMixin, yaml.CSafeLoader):
+        """``_TopologyLoader`` on libyaml's parser (depth checked before)."""
+
+    _core_schema(_CLoader)
+    _CTopologyLoader = _CLoader
+
+
+def _precheck(text: str) -> None:
+    """Walk the parser's events (libyaml's when there is one: fast, and not
+    recursive) and refuse, naming where, a document nested deeper than
+    ``MAX_DEPTH`` or holding more than ``MAX_NODES`` values as written. A
+    YAML error is left to the loader, which words it."""
+    from yaml import events as ev
+
+    stack: list[list[Any]] = []  # [label, is_mapping, expecting_key, last_key, next_index]
+    nodes = 0
+    try:
+        for e in yaml.parse(text, Loader=_CTopologyLoader or yaml.SafeLoader):
+            if isinstance(e, (ev.SequenceEndEvent, ev.MappingEndEvent)):
+                stack.pop()
+                continue
+            if not isinstance(e, ev.NodeEvent):
+                continue
+            nodes += 1
+            label = None
+            if stack:
+                top = stack[-1]
+                if not top[1]:
+                    label, top[4] = str(top[4]), top[4] + 1
+                elif top[2]:
+                    top[2], label = False, "?"
+                    top[3] = e.value if isinstance(e, ev.ScalarEvent) else "?"
+                else:
+                    top[2], label = True, str(top[3])
+            where = [str(x[0]) for x in stack[1:]] + ([label] if stack and label else [])
+            if nodes > MAX_NODES:
+                raise _Hostile(where[:MAX_DEPTH], f"more than {MAX_NODES:,} values (a topology "
+                                                  f"holds a few hundred)")
+            if isinstance(e, (ev.SequenceStartEvent, ev.MappingStartEvent)):
+                stack.append([label, isinstance(e, ev.MappingStartEvent), True, None, 0])
+                if len(stack) > MAX_DEPTH + 1:
+                    raise _Hostile(where[:MAX_DEPTH], f"nested more than {MAX_DEPTH} levels "
+                                                      f"deep (a topology needs 4)")
+    except yaml.YAMLError:
+        return
+
+
+def _load_yaml(text: str) -> Any:
+    """The YAML document in ``text``, read as a topology (``_TopologyLoader``)."""
+    _precheck(text)
+    if _CTopologyLoader is not None:
+        try:
+            return yaml.load(text, Loader=_CTopologyLoader)  # noqa: S506 - a SafeLoader
+        except _Hostile:
+            raise
+        except _YAML_ERRORS:
+            pass  # the pure-Python parser words it as the docs show (same grammar)
+    return yaml.load(text, Loader=_TopologyLoader)  # noqa: S506 - a SafeLoader
+
+
+def _short_path(path: object) -> str:
+    """A path for a one-line message: its start and its end."""
+    text = str(path)
+    return text if len(text) <= 80 else f"{text[:38]}...{text[-38:]}"
 
 
 def parse_override(item: str) -> tuple[list[str], Any]:
-    """``key.path=value`` -> (["key", "path"], yaml-parsed value)."""
+    """``key.path=value`` -> (["key", "path"], YAML-parsed value); a value
+    that is not YAML is taken as text."""
     if "=" not in item:
-        raise TopologyError(f"--set: expected key.path=value (got {item!r})")
+        raise TopologyError(f"--set: expected key.path=value (got {_show(item)})")
     key, _, raw = item.partition("=")
     path = [p for p in key.strip().split(".") if p]
     if not path:
-        raise TopologyError(f"--set: empty field name (got {item!r})")
+        raise TopologyError(f"--set: empty field name (got {_show(item)})")
     try:
-        value = yaml.safe_load(raw) if raw.strip() else ""
+        value = _load_yaml(raw) if raw.strip() else ""
+    except _Hostile as e:
+        raise TopologyError(f"--set {_cut('.'.join(path), 40)}: {e.problem}") from None
     except _YAML_ERRORS:
         value = raw
     return path, value
 
 
-def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
+def apply_overrides(data: dict[str, Any],
+                    overrides: list[str] | list[tuple[list[str], Any]]) -> dict[str, Any]:
+    """``data`` with the overrides applied: ``workers.count=8`` sets a field,
+    ``workers.capacity.1=0.5`` the second entry of a list. The sections on
+    the way are copied, so ``data`` itself (and the YAML aliases in it) are
+    left alone."""
+    data = dict(data)
     for item in overrides:
-        path, value = parse_override(item)
-        node = data
-        for part in path[:-1]:
-            nxt = node.get(part)
+        path, value = parse_override(item) if isinstance(item, str) else item
+        dotted = _cut(".".join(path), 60)
+        node: Any = data
+        for depth, part in enumerate(path):
+            key: Any = part
+            if isinstance(node, list):
+                here = ".".join(path[:depth])
+                if not part.isdigit():
+                    raise TopologyError(f"--set {dotted}: {here} is a list: give an entry's "
+                                        f"index, 0..{len(node) - 1} (got {_show(part, 20)})")
+                key = int(part)
+                if key >= len(node):
+                    raise TopologyError(f"--set {dotted}: index {key} is out of range: {here} "
+                                        f"has {len(node)} entries (0..{len(node) - 1})")
+            if depth == len(path) - 1:
+                node[key] = value
+                break
+            nxt = node[key] if isinstance(node, list) else node.get(key)
             if nxt is None:
-                nxt = node[part] = {}
-            if not isinstance(nxt, dict):
-                raise TopologyError(f"--set {'.'.join(path)}: {part!r} is not a section")
+                nxt = {}
+            elif isinstance(nxt, (dict, list)):
+                nxt = type(nxt)(nxt)  # copy on write
+            else:
+                raise TopologyError(f"--set {dotted}: {_show(part, 40)} is {_show(nxt, 30)}, "
+                                    f"not a section or a list")
+            node[key] = nxt
             node = nxt
-        node[path[-1]] = value
     return data
+
+
+def read_topology_file(path: Path) -> Any:
+    """The YAML document of a topology file, or one line (``TopologyError``):
+    not found, not a regular file (``/dev/zero``, a FIFO, a directory), larger
+    than ``MAX_FILE_BYTES``, not UTF-8, malformed, too deep or too big."""
+    shown = _short_path(path)
+    try:
+        st = os.stat(path)
+        if not stat.S_ISREG(st.st_mode):
+            what = "a directory" if stat.S_ISDIR(st.st_mode) else "not a regular file"
+            raise TopologyError(f"{shown}: cannot read topology file ({what})")
+        if st.st_size > MAX_FILE_BYTES:
+            raise TopologyError(f"{shown}: topology file larger than {MAX_FILE_BYTES >> 20} MiB "
+                                f"({st.st_size:,} bytes; a topology is a few KB)")
+        with open(path, "rb") as f:  # the size may change under us: read one byte more
+            raw = f.read(MAX_FILE_BYTES + 1)
+        if len(raw) > MAX_FILE_BYTES:
+            raise TopologyError(f"{shown}: topology file larger than {MAX_FILE_BYTES >> 20} MiB")
+        text = raw.decode("utf-8")
+    except TopologyError:
+        raise
+    except FileNotFoundError:
+        raise TopologyError(f"{shown}: topology file not found") from None
+    except (OSError, ValueError) as e:  # ENAMETOOLONG, EACCES, a NUL in the path, not UTF-8
+        why = getattr(e, "strerror", None) or e.__class__.__name__
+        raise TopologyError(f"{shown}: cannot read topology file ({why})") from None
+    try:
+        return _load_yaml(text)
+    except _Hostile as e:
+        raise TopologyError(e.line()) from None
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        problem = getattr(e, "problem", None) or "invalid YAML"
+        raise TopologyError(f"{shown}: malformed YAML{where}: {problem}") from None
+    except _YAML_ERRORS as e:  # a bad explicit tag value: "!!int" with nothing, "!!float x"
+        raise TopologyError(f"{shown}: malformed YAML: a tagged value that is not of its tag's "
+                            f"type ({e.__class__.__name__}: {_show(str(e), 60)})") from None
 
 
 def load_topology(
@@ -684,38 +1140,27 @@ def load_topology(
         data: Any = source
     else:
         path = Path(source)
-        try:
-            text = path.read_text(encoding="utf-8")
-        except FileNotFoundError:
-            raise TopologyError(f"{path}: topology file not found") from None
-        except (OSError, UnicodeDecodeError) as e:
-            raise TopologyError(f"{path}: cannot read topology file ({e.__class__.__name__})") from None
-        try:
-            data = yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 - a SafeLoader
-        except yaml.YAMLError as e:
-            mark = getattr(e, "problem_mark", None)
-            where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-            problem = getattr(e, "problem", None) or "invalid YAML"
-            raise TopologyError(f"{path}: malformed YAML{where}: {problem}") from None
-        except _YAML_ERRORS as e:  # a bad explicit tag value: "!!int" with nothing, "!!float x"
-            raise TopologyError(f"{path}: malformed YAML: a tagged value that is not of its tag's "
-                                f"type ({e.__class__.__name__}: {e})") from None
+        data = read_topology_file(path)
         base_dir = str(path.resolve().parent)
         if data is None:
             data = {}
     if not isinstance(data, dict):
         raise TopologyError(f"topology: expected a mapping of fields (got {type(data).__name__})")
-    data = apply_overrides(dict(data), overrides or [])
+    parsed = [parse_override(o) for o in overrides or []]
+    before = data.get("grouping")
+    data = apply_overrides(data, parsed)
+    dropped = _drop_switched_params(before, data, parsed)
     try:
         topo = Topology.model_validate(data)
     except ValidationError as e:
-        raise TopologyError(_format_error(e)) from None
-    except (TypeError, ValueError) as e:  # validators that raise outside pydantic
-        raise TopologyError(str(e)) from None
+        raise TopologyError(_format_error(e, data)) from None
+    except (TypeError, ValueError, RecursionError) as e:  # validators that raise outside pydantic
+        raise TopologyError(str(e) or e.__class__.__name__) from None
     try:
         topo.grouping.check_values(topo.workers.count, topo.run.seed)
     except ValueError as e:
         raise TopologyError(str(e)) from None
+    topo.grouping._dropped = dropped
     topo._base_dir = base_dir
     if check_input:
         check_input_exists(topo)
@@ -729,9 +1174,10 @@ def check_input_exists(topo: Topology) -> None:
     if topo.input.stream:
         if not p.is_dir():
             raise TopologyError(f"input.path: a live stream reads a directory, and "
-                                f"{topo.input.path!r} is {'a file' if p.exists() else 'not found'}")
+                                f"{_show(topo.input.path)} is "
+                                f"{'a file' if p.exists() else 'not found'}")
         return
     if not p.exists():
-        raise TopologyError(f"input.path: file not found (got {topo.input.path!r})")
+        raise TopologyError(f"input.path: file not found (got {_show(topo.input.path)})")
     if p.is_file() and not os.access(p, os.R_OK):
-        raise TopologyError(f"input.path: file is not readable (got {topo.input.path!r})")
+        raise TopologyError(f"input.path: file is not readable (got {_show(topo.input.path)})")

@@ -3,7 +3,7 @@
     python scripts/bench_spark_input.py [--input data/gitgit-words-1m.parquet]
         [--sources 2] [--batch 1000] [--repeat 2]
 
-Phases, timed separately (RAYDP.md: report loading and streaming apart):
+Phases, timed separately (docs/spark.md: report loading and streaming apart):
   spark:  ``build_dataframe`` (plan only, plus Spark's emptiness check)
   load:   ``to_ray_shards`` = ``ray.data.from_spark`` (Spark job, Arrow blocks
           into Ray's object store) + cutting into per-source shards

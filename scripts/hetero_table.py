@@ -4,6 +4,10 @@
                                    [--schemes kg,sg,pkg,cg,fish,dalton,acg,wrr] [--offered 0.8]
                                    [--out DIR]
 
+The values shown are the defaults: ``topologies/wordcount-hetero.yaml``, the
+real engine (``--engine ray``), every scheme of ``runtime.compare`` (kg, sg, pkg,
+cg, fish, dalton, acg, wrr) and 80% offered load.
+
 Two ``runtime.compare`` passes over the same topology: ``run.rate = 0`` (as
 fast as backpressure allows: throughput, capacity efficiency = throughput /
 sum of the capacities at full speed, replication) and ``run.rate = offered x``

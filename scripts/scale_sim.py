@@ -18,7 +18,7 @@ Two tables, measured (nothing here is a formula):
    - ``ns/msg``: routing CPU time per message (this thread's CPU clock: robust
      on a shared box), median of 3;
    - ``sub/batch``: sub-batches a batch of 1,000 splits into (= actor calls per
-     1,000 messages; each costs ~1 ms of CPU here, DESIGN.md) and
+     1,000 messages; each costs ~1 ms of CPU here, docs/design.md) and
      ``msgs/sub``: messages per call.
 2. **Feedback, simulated** - ``runtime.sim`` (same grouping code, queueing
    model) running CG with a quarter of the workers at capacity 0.3 and the

@@ -1,10 +1,13 @@
 """Heterogeneity stress grid: schemes x heterogeneity x skew, on either engine.
 
     python scripts/stress_grid.py [--engine sim|ray|both] [--quick]
-        [--schemes kg,sg,pkg,cg,fish] [--hetero homo,fast3x5,fast5x2,slow2@0.3]
+        [--schemes kg,sg,pkg,cg,fish,dalton,acg,wrr] [--hetero homo,fast3x5,fast5x2,slow2@0.3]
         [--skews 0.6,1.0,1.4] [--workers 10] [--messages N] [--keys N]
         [--service-us US] [--sources N] [--batch N] [--offered F]
         [--set key.path=value ...] [--out DIR] [--address ADDR] [--no-progress]
+
+The values shown are the defaults (``DEFAULTS``); ``--schemes`` defaults to
+every scheme of ``runtime.compare``: kg, sg, pkg, cg, fish, dalton, acg, wrr.
 
 Every cell runs one generated Zipf stream (``--messages`` messages over
 ``--keys`` keys, exponent = the cell's skew, the same stream for every scheme

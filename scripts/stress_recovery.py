@@ -1,10 +1,14 @@
 """How fast each scheme recovers from a disturbance, on either engine.
 
     python scripts/stress_recovery.py [--engine sim|ray|both] [--quick]
-        [--scenarios capacity-change,hot-keys,slowdown] [--schemes kg,sg,pkg,cg,fish]
+        [--scenarios capacity-change,hot-keys,slowdown]
+        [--schemes kg,sg,pkg,cg,fish,dalton,acg,wrr]
         [--workers 10] [--phase-s 30] [--service-us 1000] [--skew 1.0] [--keys 10000]
         [--threshold 0.9] [--smooth-s 2] [--hold-s 10] [--set key.path=value ...] [--out DIR]
         [--address ADDR] [--no-progress]
+
+The values shown are the defaults (``DEFAULTS``); ``--schemes`` defaults to
+every scheme of ``runtime.compare``: kg, sg, pkg, cg, fish, dalton, acg, wrr.
 
 Scenarios (``n`` workers, capacities as fractions of full speed, sources
 saturated: ``run.rate = 0`` with backpressure, Zipf(``--skew``) keys):

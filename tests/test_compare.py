@@ -24,7 +24,7 @@ def write_topology(tmp_path: Path, **workers) -> Path:
         "input": {"format": "zipf", "messages": 20_000, "keys": 1_000, "skew": 1.2},
         "sources": 1,
         "workers": {"count": 4, "service_us": 50, "capacity": [1, 1, 1, 0.25], **workers},
-        "grouping": {"scheme": "kg", "eps": 0.1},
+        "grouping": {"scheme": "kg", "cg": {"eps": 0.1}},
         "run": {"batch": 500, "slot_s": 0.05},
     }
     path = tmp_path / "t.yaml"

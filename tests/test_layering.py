@@ -128,3 +128,30 @@ def test_the_checker_sees_imports_inside_functions_and_relative_ones(tmp_path: P
                      "from . import base\nfrom ..sim import engine\nfrom .. import jit\n")
     assert imports(probe, root=tmp_path) == {
         "numpy", "ray.util", "runtime.grouping.base", "runtime.sim", "runtime.jit"}
+
+
+DATAFLOW = sorted((RUNTIME / "dataflow").glob("*.py"))
+
+
+def _scheme_modules() -> set[str]:
+    """The modules that implement a scheme (everything in runtime/grouping but
+    the registry, the shared bases and what coordinated schemes share)."""
+    shared = {"__init__", "base", "coordination", "signals", "fastmod"}
+    return {f"runtime.grouping.{p.stem}" for p in (RUNTIME / "grouping").glob("*.py")
+            if p.stem not in shared}
+
+
+@pytest.mark.parametrize("path", DATAFLOW, ids=rel)
+def test_the_dataflow_cores_import_no_scheme_and_no_engine(path: Path) -> None:
+    """The cores are shared by both engines and every scheme: a scheme arrives
+    as a grouping object, never as an import."""
+    bad = sorted(m for m in imports(path)
+                 if m.split(".")[0] in ENGINE or m in _scheme_modules())
+    assert not bad, f"{rel(path)} imports {bad}"
+
+
+def test_the_actors_are_thin() -> None:
+    """The dataflow logic lives in runtime/dataflow/; the actors translate calls."""
+    for name in ("source.py", "worker.py", "aggregator.py"):
+        lines = len((ROOT / "actors" / name).read_text().splitlines())
+        assert lines < 400, f"actors/{name}: {lines} lines"

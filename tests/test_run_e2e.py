@@ -2,7 +2,7 @@
 
 For every registered scheme, a word count on a generated stream and on the
 bundled real stream must equal Spark's own ``groupBy().count()`` row for row,
-and the report must have every DESIGN.md key with input == processed. Runs are
+and the report must have every docs/design.md key with input == processed. Runs are
 small (tens of thousands of messages) so the whole file takes minutes.
 """
 

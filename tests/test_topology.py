@@ -127,13 +127,43 @@ def test_fuzzed_yaml_text(tmp_path_factory: pytest.TempPathFactory, text: str) -
         assert "\n" not in str(e)
 
 
-def test_other_schemes_parameters_are_ignored_not_errors() -> None:
-    t = load_topology({"grouping": {"scheme": "cg", "virtual_per_worker": 5, "epoch": 100}},
-                      ["grouping.scheme=kg"])
-    assert t.grouping_params() == {} and t.grouping.ignored_params() == ["epoch",
-                                                                         "virtual_per_worker"]
-    t = load_topology({"grouping": {"scheme": "cg", "virtual_per_worker": 5, "epoch": 100}})
-    assert t.grouping_params() == {"virtual_per_worker": 5}
+def test_another_schemes_parameter_is_refused_naming_the_schemes_that_take_it() -> None:
+    """``theta`` under acg used to be ignored silently (issue 30)."""
+    with pytest.raises(TopologyError) as e:
+        load_topology({"grouping": {"scheme": "acg"}}, ["grouping.theta=0.5"])
+    assert str(e.value) == ("grouping.theta: not a parameter of scheme 'acg', it would be ignored "
+                            "(taken by dchoices, fish, wchoices; for them write "
+                            "grouping.dchoices.theta)")
+    with pytest.raises(TopologyError, match=r"^grouping.epoch: not a parameter of scheme 'cg'"):
+        load_topology({"grouping": {"scheme": "cg", "epoch": 100}})
+    # a scheme's block: only its own parameters, each checked
+    with pytest.raises(TopologyError, match=r"^grouping.fish.eps: unknown parameter for scheme "
+                                            r"'fish'"):
+        load_topology({"grouping": {"scheme": "cg", "fish": {"eps": 1}}})
+    with pytest.raises(TopologyError, match=r"^grouping.fish: expected a mapping"):
+        load_topology({"grouping": {"scheme": "cg", "fish": 3}})
+    with pytest.raises(TopologyError, match=r"^grouping.fish.epoch: must be an int"):
+        load_topology({"grouping": {"scheme": "cg", "fish": {"epoch": -1}}},
+                      ["grouping.scheme=fish"])
+
+
+def test_switching_the_scheme_drops_the_files_own_parameters_and_uses_the_block() -> None:
+    doc = {"grouping": {"scheme": "cg", "virtual_per_worker": 5, "eps": 0.1,
+                        "fish": {"epoch": 100}}}
+    t = load_topology(doc)
+    assert t.grouping_params() == {"virtual_per_worker": 5, "eps": 0.1}
+    assert t.grouping.ignored_params() == ["fish.epoch"]
+    t = load_topology(doc, ["grouping.scheme=kg"])
+    assert t.grouping_params() == {}
+    assert t.grouping.ignored_params() == ["eps", "fish.epoch", "virtual_per_worker"]
+    t = load_topology(doc, ["grouping.scheme=fish", "grouping.fish.decay=0.25"])
+    assert t.grouping_params() == {"epoch": 100, "decay": 0.25}
+    t = load_topology(doc, ["grouping.scheme=chbl"])  # chbl takes eps too: kept
+    assert t.grouping_params() == {"eps": 0.1}
+    assert doc["grouping"]["scheme"] == "cg"  # the caller's dict is left alone
+    # a parameter set on the command line must be the running scheme's
+    with pytest.raises(TopologyError, match=r"^grouping.virtual_per_worker: not a parameter"):
+        load_topology(doc, ["grouping.scheme=kg", "grouping.virtual_per_worker=3"])
 
 
 @pytest.mark.parametrize("text", ["sources: !!int\n", "sources: !!int ''\n", "sources: !!float x\n",

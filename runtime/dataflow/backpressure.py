@@ -10,17 +10,18 @@ its first plan - and when a better routing table arrives, the work in
 flight (which is not re-routed) still holds the source back.
 
 ``DrainRates`` measures, from the acks alone, how fast each worker drains
-*this source's* messages, and caps a call at ``call_s`` of that work: a slow
-worker's calls are as short in time as a fast one's. A worker not measured
-yet gets ``call_messages``; with no emulated work the measured rates put the
-cap far above ``call_messages``, so nothing changes there.
+*this source's* messages, and caps a call at ``call_s`` of that work (never
+above ``call_messages``): a slow worker's calls are as short in time as a fast
+one's. A worker with no call acknowledged yet gets one sub-batch per call,
+sent at once (its first call must not carry seconds of its work); one whose
+calls were acknowledged in no measurable time gets ``call_messages``. With no
+emulated work ``call_s`` of measured work exceeds ``call_messages``, so the cap
+is ``call_messages``, as without this class.
 
-Measured on the real engine (zipf-hetero, acg, one Ray session per setting,
-2026-11-24): capacity efficiency 0.647 without the cap, 0.906 with it. A
-*backlog* bound in seconds too (block the source once a worker holds 0.5 s of
-its work) was tried and dropped: it blocks every worker's messages behind one
-worker's transient overload (0.772; p50 latency at 0.8x load 584 ms against
-58-70 ms).
+The cap's effect on the real engine, and a *backlog* bound in seconds that was
+tried and dropped (it blocks every worker's messages behind one worker's
+transient overload), are measured in docs/benchmarks.md, "Heterogeneity
+(real engine)".
 
 Pure and clock-free: the source passes the times in.
 """

@@ -68,7 +68,7 @@ class LatencyHistogram:
         return float(min(bin_upper_s(np.array([b]))[0], self.max_s))
 
     def summary_ms(self) -> dict[str, float]:
-        """``{"mean", "p50", "p95", "p99", "max"}`` in milliseconds (DESIGN.md)."""
+        """``{"mean", "p50", "p95", "p99", "max"}`` in milliseconds (docs/design.md)."""
         if self.count == 0:
             return {"mean": 0.0, "p50": 0.0, "p95": 0.0, "p99": 0.0, "max": 0.0}
         return {

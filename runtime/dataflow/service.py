@@ -7,7 +7,7 @@ and the app's compute in between are paid back) and ``start = now`` otherwise
 (the worker was idle: idle time is not service, and no credit is given for
 it, so a batch never takes less wall time than its service). Sleeping until
 the virtual clock (instead of ``sleep(n * cost)``) keeps the achieved rate at
-``1 / cost_s`` within 1-2% at >= 100 messages per call (DESIGN.md, "Facts
+``1 / cost_s`` within 1-2% at >= 100 messages per call (docs/design.md, "Facts
 about the platform").
 
 Composition with a SIGSTOP/SIGCONT duty cycle: a stopped process's sleep keeps

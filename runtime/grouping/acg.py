@@ -1,4 +1,4 @@
-"""ACG - adaptive consistent grouping [ours] (ALGORITHMS.md, "Beyond the papers").
+"""ACG - adaptive consistent grouping [ours] (docs/algorithms.md, "ACG").
 
 Consistent grouping's routing with a controller that measures instead of
 signalling:
@@ -56,6 +56,7 @@ from typing import Any
 import numpy as np
 
 from runtime.grouping.base import Clock, register
+from runtime.grouping.coordination import FIRST_PLAN_S, VwTable
 from runtime.grouping.porc import (
     VirtualWorkerGrouping,
     modulo_owner,
@@ -72,8 +73,6 @@ MAX_BUCKETS = 400
 RECENT = 8
 #: a plan must improve the bottleneck by this many standard errors of its estimate
 NOISE_Z = 2.0
-#: workers report (and the controller plans) this early for the first time
-FIRST_PLAN_S = 0.5
 #: a worker's rate sample needs at least this much busy time in its window
 MIN_BUSY_S = 0.02
 #: a VW whose routed count is this many standard errors (and at least 2x) away
@@ -83,14 +82,6 @@ LOAD_JUMP_Z = 6.0
 
 
 # ============================================================================ the table
-
-
-@dataclass(frozen=True)
-class VwTable:
-    """A versioned VW -> worker table (what travels on commits and acks)."""
-
-    version: int
-    owner: np.ndarray  # int32[B]
 
 
 def initial_table(n_workers: int, n_virtual: int, alive: Iterable[int] | None = None
@@ -286,54 +277,6 @@ def plan_table(owner: np.ndarray, vw_load: np.ndarray, rate: np.ndarray,
     if fixed is not None and (fixed != cur).sum() < (best != cur).sum():
         best = fixed
     return best, int((best != cur).sum())
-
-
-# ============================================================================ worker side
-
-
-class RateMeter:
-    """What a worker measures for the controller between two reports: messages
-    served and the seconds it had work (queued or in service: time stopped
-    then counts - that is what a slow machine is; idle time does not). Not
-    thread-safe (the worker holds a lock)."""
-
-    def __init__(self) -> None:
-        self.processed = 0
-        self.busy_s = 0.0
-
-    def served(self, n: int) -> None:
-        self.processed += int(n)
-
-    def working(self, seconds: float) -> None:
-        self.busy_s += max(0.0, float(seconds))
-
-    def take(self) -> dict[str, Any]:
-        """The report since the previous ``take`` (then starts afresh)."""
-        out = {"processed": self.processed, "busy_s": self.busy_s}
-        self.processed, self.busy_s = 0, 0.0
-        return out
-
-
-class RoutedMeter:
-    """What a source routed per VW since its last report (its offered load: not
-    censored by backpressure, unlike what a worker receives)."""
-
-    def __init__(self, n_virtual: int, since: float) -> None:
-        self.counts = np.zeros(n_virtual, dtype=np.int64)
-        self.since = since
-
-    def routed(self, vws: np.ndarray) -> None:
-        self.counts += np.bincount(vws, minlength=len(self.counts))
-
-    def take(self, now: float, final: bool = False) -> dict[str, Any]:
-        """The report over ``[since, now)``; the next window starts at ``now``.
-        ``final``: the source's last one (its stream has ended)."""
-        ids = np.flatnonzero(self.counts).astype(np.int32)
-        out = {"since": self.since, "now": now, "vw_ids": ids, "vw_counts": self.counts[ids],
-               "final": final}
-        self.counts = np.zeros_like(self.counts)
-        self.since = now
-        return out
 
 
 # ============================================================================ the controller
@@ -719,11 +662,11 @@ class AdaptiveConsistentGrouping(VirtualWorkerGrouping):
         epoch_s: the controller re-plans every ``epoch_s`` seconds (default 1).
         tau_s: time constant of the workers' rate estimates (default 2 s).
         load_tau_s: time constant of the per-VW load estimates (default 4 s:
-            short enough to follow hot keys that move every few seconds -
-            evolving Zipf, zipf-hetero: 0.87 -> 0.91 of capacity in the
-            simulator at 20 s -> 4 s - long enough that one epoch's noisy
-            counts do not move VWs back and forth: replication 1.15-1.41x
-            KG's on the stress grid, saturated, against 1.10-1.20x at 20 s).
+            short enough to follow hot keys that move every few seconds, as
+            in evolving Zipf streams, long enough that one epoch's noisy
+            counts do not move VWs back and forth; the measurements behind
+            the choice, against 20 s, are in docs/benchmarks.md, "Stress
+            grid").
         jump: a rate sample this far (relative) from the estimate, twice in a
             row, resets the estimate: a capacity change (default 0.25).
         min_gain: hysteresis, the smallest relative improvement of the

@@ -87,7 +87,7 @@ class ConsistentGrouping(VirtualWorkerGrouping):
 
     Tunables:
         eps: PoRC slack over VWs, in ``[0, 10]`` (default 0.01).
-        epsilon: alias of ``eps`` (DESIGN.md's topology example spells it so);
+        epsilon: alias of ``eps`` (older topologies spell it so);
             ``None`` = use ``eps``. Giving both with different values is an error.
         virtual_per_worker: ``R``, initial VWs per worker, in ``[1, 10_000]``
             (default 10). More = finer capacity steps, slower convergence.

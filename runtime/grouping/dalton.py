@@ -40,7 +40,7 @@ learned Q-value, i.e. one the key was sent to since its row was created, so
 it exceeds ``maxSplit`` only by returning to such a worker after it left
 the window).
 
-Not copied from the reference code (ALGORITHMS.md):
+Not copied from the reference code (docs/algorithms.md):
 
 - its window expiry clears the *key's* bit instead of the worker's, so a
   key's worker set never shrinks and ``c_red`` only grows. Here a key's

@@ -10,7 +10,7 @@ the error it inherited on insertion) satisfies ``g_k / m > theta`` (default
 ``theta = 1/(5n)``), evaluated per message *after* counting that message;
 otherwise it is *tail*. Loads are this source's local per-worker counts.
 
-Why ``g_k`` and not ``c_k`` [ours]: ALGORITHMS.md defines head as
+Why ``g_k`` and not ``c_k`` [ours]: docs/algorithms.md defines head as
 ``f_k = count_k / m > theta`` with ``f_k`` the key's frequency; the summary
 only bounds it, ``g_k <= true count <= c_k``. Once the summary is full every
 newly inserted key starts at ``c_k = c_min + 1``, and ``c_min / m`` can reach
@@ -18,7 +18,7 @@ newly inserted key starts at ``c_k = c_min + 1``, and ``c_min / m`` can reach
 (20 workers at the default): with ``c_k`` every new key - i.e. almost every
 tail key - looked like head, W-Choices degenerated to shuffle grouping and
 D-Choices spread the tail over ``d`` workers (the same symptom as the
-reference bug ALGORITHMS.md says not to reproduce). With ``g_k`` no key whose
+reference bug docs/algorithms.md says not to reproduce). With ``g_k`` no key whose
 true frequency is ``<= theta`` is ever head; the price is that a key with
 ``theta < f_k < c_min / m`` that keeps being evicted is treated as tail (PKG).
 
@@ -68,7 +68,7 @@ MODE_W = 1
 
 @kernel()
 def dchoices_d(p1: float, p_head: float, h: int, n: int, eps: float) -> int:  # pragma: no cover
-    """The number of choices for head keys (ALGORITHMS.md, D-Choices)."""
+    """The number of choices for head keys (docs/algorithms.md, D-Choices)."""
     q = (n - 1) / n
     p_tail = 1.0 - p_head
     start = max(2, round(p1 * n))

@@ -1,7 +1,7 @@
 """FISH - epoch-based hot keys + heuristic worker assignment. Li et al.,
 "FISH: a fine-grained scheme for time-evolving streams" (fish-time-evolving-streams).
 
-Per source, with local state only (ALGORITHMS.md, formulas reconstructed):
+Per source, with local state only (docs/algorithms.md, formulas reconstructed):
 
 1. **Recent hot keys.** A SpaceSaving counter set of capacity ``capacity``
    (K, default 100): increment if present, insert if room, else ReplaceMin
@@ -14,7 +14,7 @@ Per source, with local state only (ALGORITHMS.md, formulas reconstructed):
    make any key hot [ours]). ``E[k]`` is the SpaceSaving error: the ``c_min``
    the key inherited at ReplaceMin (0 if it took a free counter), decayed with
    its counter, so ``C[k] - E[k]`` is the key's guaranteed (decayed) count
-   [ours]: ALGORITHMS.md writes ``C[k] / N``, but ``C[k]`` over-counts by up
+   [ours]: docs/algorithms.md writes ``C[k] / N``, but ``C[k]`` over-counts by up
    to ``c_min``, and ``c_min / N`` reaches ``1 / K`` > ``theta`` for ``n >
    K / 5``, so every key just inserted by ReplaceMin looked hot (a cold key
    then used 2 workers instead of 1). A key with ``theta <= f_k < c_min / N``

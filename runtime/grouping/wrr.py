@@ -1,5 +1,5 @@
 """WRR - smooth weighted round-robin over the configured capacities [ours]
-(ALGORITHMS.md, "Beyond the papers"). A *reference*, not a real scheme.
+(docs/algorithms.md, "WRR"). A *reference*, not a real scheme.
 
 Every message goes to the worker picked by smooth weighted round-robin
 (nginx's algorithm): each pick adds every live worker's weight to its
@@ -34,10 +34,12 @@ def _swrr(weight: np.ndarray, current: np.ndarray, total: float,
           out: np.ndarray) -> None:  # pragma: no cover - compiled
     n = weight.shape[0]
     for i in range(out.shape[0]):
-        best = 0
+        best = -1
         for w in range(n):
+            if weight[w] <= 0.0:  # departed: never picked (its credit stays put)
+                continue
             current[w] += weight[w]
-            if current[w] > current[best]:
+            if best < 0 or current[w] > current[best]:
                 best = w
         current[best] -= total
         out[i] = best

@@ -14,7 +14,7 @@ Odd data that is legitimate is not an error; both engines treat it the same:
   booleans ``"true"``, floating point as Java prints it (``5.0``, ``1.0E7``),
   dates ``2024-01-31``. Routing hashes that string, so a key routes to the
   same worker in ``runtime.run`` and ``runtime.simulate``, and the result's
-  ``key`` column is a string (DESIGN.md).
+  ``key`` column is a string (docs/design.md).
 - CSV is read without type inference: a key is its text (``"007"`` stays
   ``"007"``); an empty field, quoted (``""``) or not, is a null key (Spark's
   CSV defaults, checked against Spark 3.5).

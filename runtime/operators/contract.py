@@ -1,6 +1,6 @@
 """The operator contract, its checks, and the adapter the runtime calls.
 
-An operator (DESIGN.md, "Applications over records") is a class::
+An operator (docs/design.md, "Applications over records") is a class::
 
     class Op:
         mergeable = True                 # False: only schemes that keep a key on one worker

@@ -1,6 +1,6 @@
 """Loading a user's operator class from ``app.operator``.
 
-Two spellings (DESIGN.md):
+Two spellings (docs/design.md):
 
 - ``"module.path:ClassName"``: ``importlib.import_module``; the module must be
   importable from ``sys.path`` (PYTHONPATH) or from ``base_dir`` (the

@@ -6,7 +6,7 @@ result is computed the same way everywhere:
 - ``WorkerApp``: ``add(records, key_hashes)`` per sub-batch; ``flush()`` ->
   the partial sent to the aggregator (``compact(state)``), and a fresh state.
   A non-mergeable operator is never reset: every flush sends a snapshot of
-  the worker's whole state (its keys stay on that worker, DESIGN.md).
+  the worker's whole state (its keys stay on that worker, docs/design.md).
 - ``AggregatorApp``: ``merge(partial, worker)`` for every committed flush;
   ``result()`` -> ``finish`` of everything merged. For a non-mergeable
   operator only each worker's latest snapshot counts, and snapshots over

@@ -1,4 +1,4 @@
-"""Metric definitions shared by both engines (names as in ALGORITHMS.md).
+"""Metric definitions shared by both engines (names as in docs/algorithms.md).
 
 - Utilization ``U_w(t) = L_w(t) / c_w`` (queue length over capacity).
 - Imbalance ``I(t) = max_w U_w(t) - mean_w U_w(t)``.

@@ -1,4 +1,4 @@
-"""One run report for both engines, and the run's outputs (DESIGN.md "Output directory").
+"""One run report for both engines, and the run's outputs (docs/design.md "Output directory").
 
 The report's shape is ``RunReport`` (``report.json``); ``build_report(topo,
 measured)`` is the one function that builds it, for either engine, from
@@ -47,7 +47,7 @@ from runtime.grouping.acg import coordinator_report
 from runtime.reporting import metrics
 from runtime.topology import Topology
 
-#: the keys DESIGN.md requires in every ``report.json``
+#: the keys docs/design.md requires in every ``report.json``
 REQUIRED_KEYS = (
     "name", "engine", "scheme", "messages", "duration_s", "throughput_msgs_per_s",
     "latency_ms", "imbalance", "replication", "migrations", "signals", "workers", "result",

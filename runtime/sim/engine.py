@@ -1,6 +1,6 @@
 """The discrete-event core of the simulator: sources, FIFO workers, acks.
 
-A queueing model of the real runtime (DESIGN.md), simulated at micro-batch
+A queueing model of the real runtime (docs/design.md), simulated at micro-batch
 granularity; no I/O, no wall clock, no Ray.
 
 - Stream: as in the real runtime (``actors.spark_input.to_ray_shards``), the
@@ -15,10 +15,13 @@ granularity; no I/O, no wall clock, no Ray.
   allows.
 - Source ``s`` routes each batch with its *own* grouping instance
   (``seed = run.seed + s``; local state only, clock = simulated time), splits
-  it by worker and queues the sub-batches in per-worker outboxes, as the real
-  source (``actors/source.py``): a sub-batch is sent when its worker has fewer
-  than ``run.max_inflight`` unacknowledged sub-batches from this source, and
-  the source takes its next batch only while no outbox holds more than
+  it by worker and queues the sub-batches in per-worker outboxes. Each
+  sub-batch is sent as a call of its own when its worker has fewer than
+  ``run.max_inflight`` unacknowledged sub-batches from this source. (The real
+  source, ``runtime/dataflow/source.py``, coalesces a worker's queued sub-batches into
+  one call - ``run.call_messages``, ``run.linger_ms``, the drain-rate cap of
+  ``runtime/dataflow/backpressure.py`` - which the simulator does not model.)
+  The source takes its next batch only while no outbox holds more than
   ``outbox * run.batch`` messages (``outbox`` defaults to ``max_inflight``;
   a bound in messages, not sub-batches: a worker that receives small
   sub-batches - few virtual workers - does not block the source early);
@@ -38,7 +41,7 @@ granularity; no I/O, no wall clock, no Ray.
   latency = finish - emit.
 - A sub-batch is acknowledged ``ack_delay_s`` after its last message
   finishes; the ack carries the acked count and a load signal.
-- Utilization, as the real worker measures it (``actors/worker.py``):
+- Utilization, as the real worker measures it (``runtime/dataflow/worker.py``):
   ``U_w = queue length in batches / queue capacity``, where a sub-batch counts
   from its arrival until its last message finishes and the queue capacity is
   ``min(workers.queue_batches, sources * run.max_inflight)`` batches (the most

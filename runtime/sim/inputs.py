@@ -14,7 +14,7 @@ non-string key column is converted the way Spark's ``CAST(key AS STRING)``
 prints it, CSV is read as text (``"007"`` stays ``"007"``, an empty field is
 null), and the string is hashed with Murmur3 (null = ``NULL_HASH``, one key),
 so a key routes exactly as in the real runtime and the result table's ``key``
-column is a string (DESIGN.md).
+column is a string (docs/design.md).
 """
 
 from __future__ import annotations

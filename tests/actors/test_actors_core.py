@@ -11,10 +11,11 @@ import pyarrow as pa
 import pytest
 from conftest import FakeTime
 
-from actors.aggregator import AggregatorCore
-from actors.source import SourceCore, rebatch
-from actors.worker import WorkerCore
+from runtime.dataflow.aggregator import AggregatorCore
+from runtime.dataflow.messages import Ack
 from runtime.dataflow.reliability import Part
+from runtime.dataflow.source import SourceCore, rebatch
+from runtime.dataflow.worker import WorkerCore
 from runtime.grouping import make_grouping
 from runtime.grouping.signals import WorkerSignals
 from runtime.operators import WorkerApp, builtin_operator
@@ -135,7 +136,7 @@ def test_signals_one_per_slot_per_source_from_queue_utilization() -> None:
     acks = [w._queue.queue[0]]
     assert w.step(0)
     first = acks[0].ack
-    assert first["signal"] == -1 and first["worker"] == 0 and first["acked"] == 10
+    assert first.signal == -1 and first.worker == 0 and first.acked == 10
     assert w.step(0)  # source 1's first ack after slot 0: its own decrease signal
     assert w._queue.queue[0].source == 0
     w.step(0)
@@ -145,7 +146,7 @@ def test_signals_one_per_slot_per_source_from_queue_utilization() -> None:
     w.enqueue(0, [Part.of(pa.array(["y"] * 10), ft.t)])
     item = w._queue.queue[0]
     w.step(0)
-    assert item.ack["signal"] == 1
+    assert item.ack.signal == 1
     stats = w.finish()
     assert stats["signals_emitted"] == {"increase": 1, "decrease": 2}
     s = stats["series"]
@@ -201,7 +202,7 @@ def test_bounded_queue_blocks_and_worker_thread_drains() -> None:
     w.stop()
     th.join(timeout=5)
     assert not th.is_alive()
-    assert len(acks) == 12 and sum(a["acked"] for a in acks) == 600
+    assert len(acks) == 12 and sum(a.acked for a in acks) == 600
     assert w.progress()["queue_msgs"] == 0
     assert w.finish()["keys"] == 12
 
@@ -432,7 +433,7 @@ def _steps_of(behind_linger_s: float, rate: float = 0.0
     ``behind_linger_s``, paced at ``rate``): how many batches each step
     routed, and every sub-batch sent as (worker, batch, positions), sorted.
     Asserts that the grouping saw each batch alone and the exact count."""
-    from actors.source import STEP_MESSAGES
+    from runtime.dataflow.source import STEP_MESSAGES
 
     ft = FakeTime()
     partials: list = []
@@ -583,7 +584,7 @@ def test_a_source_behind_its_input_lingers_behind_linger_s() -> None:
 
 
 def test_pacer_behind_is_an_unpaced_source_or_a_late_one() -> None:
-    from actors.source import Pacer
+    from runtime.dataflow.source import Pacer
 
     now = [10.0]
     unpaced = Pacer(0.0, lambda: now[0], lambda s: None)
@@ -638,7 +639,7 @@ def test_a_dead_processing_thread_fails_waiting_batches_instead_of_hanging() -> 
     assert len(results) == 6
     failed = [r for r in results if isinstance(r, BaseException)]
     acked = [r for r in results if not isinstance(r, BaseException)]
-    assert all(isinstance(a, dict) and a["acked"] == 10 for a in acked), acked
+    assert all(isinstance(a, Ack) and a.acked == 10 for a in acked), acked
     assert all("processing thread died" in str(e) for e in failed), failed
     late = threading.Thread(target=call)
     late.start()

@@ -194,7 +194,7 @@ def test_shards_cover_every_row_once_iterated_in_actors(ray_spark) -> None:
 
 
 def test_ray_data_still_works_after_from_spark(ray_spark) -> None:
-    """The raydp 1.6.5 load_code_from_local fix (RAYDP.md): after from_spark,
+    """The raydp 1.6.5 load_code_from_local fix (docs/spark.md): after from_spark,
     Ray Data's reader actors and module-level actor classes still start."""
     for s in to_ray_shards(build_dataframe(ray_spark, _topo({"format": "parquet", "path": FILES})), 2):
         s.count()

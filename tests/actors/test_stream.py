@@ -15,10 +15,10 @@ import pytest
 from conftest import FakeTime
 from test_actors_core import DirectTransport, make_workers, words
 
-from actors.aggregator import AggregatorCore
 from actors.pipeline import StopRequests
-from actors.source import SourceCore, StreamInbox
 from actors.stream_input import split_even
+from runtime.dataflow.aggregator import AggregatorCore
+from runtime.dataflow.source import SourceCore, StreamInbox
 from runtime.grouping import make_grouping
 from runtime.reporting.report import write_result
 from runtime.top import RunView, render
@@ -123,7 +123,7 @@ def _route(src: SourceCore, batch: int, table: pa.Table) -> None:
     """Route ``table`` as batch ``batch`` into the outboxes, without sending."""
     import numpy as np
 
-    from actors.source import as_record_batch
+    from runtime.dataflow.source import as_record_batch
     from runtime.hashing import hash_arrow
 
     records = as_record_batch(table)

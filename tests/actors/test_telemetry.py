@@ -11,8 +11,8 @@ import pytest
 
 from actors import telemetry
 from actors.telemetry import METRICS, RecordingSink, RunTelemetry, SourceTelemetry, WorkerTelemetry
-from actors.worker import WorkerCore
 from runtime.dataflow.reliability import Part
+from runtime.dataflow.worker import WorkerCore
 from runtime.grouping import make_grouping
 from runtime.operators import WorkerApp, builtin_operator
 
@@ -43,7 +43,7 @@ def test_worker_metrics_from_snapshots(fake_time) -> None:
     assert sink.last("hs_worker_rate") is None  # needs two snapshots
     t0 = ft.t
     assert core.step(timeout=0) and core.step(timeout=0)  # ~2 x 1000 x 100 us
-    t1, t2 = items[0].ack["done_ts"], items[1].ack["done_ts"]
+    t1, t2 = items[0].ack.done_ts, items[1].ack.done_ts
     assert t2 == ft.t  # 1000 messages of 100 us each
     assert (t1 - t0, t2 - t0) == (pytest.approx(0.1), pytest.approx(0.2))
     for it in items:
@@ -61,8 +61,8 @@ def test_worker_metrics_from_snapshots(fake_time) -> None:
     assert sink.last("hs_worker_latency_p50_seconds") == pytest.approx(0.1, rel=0.01)
     assert sink.last("hs_worker_latency_p99_seconds") == pytest.approx(0.198, rel=0.01)
     batch_lat = [v for n, v, _ in sink.records if n == "hs_worker_batch_latency_seconds"]
-    assert batch_lat == pytest.approx([items[0].ack["lat_sum_s"] / 1000,
-                                       items[1].ack["lat_sum_s"] / 1000])
+    assert batch_lat == pytest.approx([items[0].ack.lat_sum_s / 1000,
+                                       items[1].ack.lat_sum_s / 1000])
     assert batch_lat[0] < batch_lat[1]
     assert sink.last("hs_heartbeat_seconds") == 123.0
     # nothing new: the counter is not incremented, rates go to 0

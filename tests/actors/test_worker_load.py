@@ -1,4 +1,4 @@
-"""The worker's own load measurement and its small helpers (actors.worker),
+"""The worker's own load measurement and its small helpers (runtime.dataflow.worker),
 driven directly with a fake clock."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from conftest import FakeTime
 
-from actors.worker import FlushCadence, LoadMeter, SourceSignals, TableRelay
+from runtime.dataflow.worker import FlushCadence, LoadMeter, SourceSignals, TableRelay
 from runtime.grouping.acg import FIRST_PLAN_S
 from runtime.grouping.signals import WorkerSignals
 

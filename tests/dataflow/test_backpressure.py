@@ -5,8 +5,9 @@ import math
 import pyarrow as pa
 import pytest
 
-from actors.source import SourceCore
 from runtime.dataflow.backpressure import CALL_S, DrainRates
+from runtime.dataflow.messages import Ack
+from runtime.dataflow.source import SourceCore
 from runtime.grouping import make_grouping
 
 
@@ -95,7 +96,7 @@ def test_a_slow_workers_calls_hold_call_s_of_its_work():
                 w, n, end = self.calls[t]
                 if end <= now[0]:
                     del self.calls[t]
-                    out.append((t, {"worker": w, "acked": n}))
+                    out.append((t, Ack(w, n, 0, 0.0, 0.0, now[0], 1, 0)))
             return out
 
     tr = Transport()
@@ -117,7 +118,7 @@ def test_the_memory_bound_is_in_calls_of_the_workers_own_work():
     full calls when the worker drains fast enough for calls to be larger: a
     fast worker gets calls of many micro-batches, a slow one keeps the batch
     bound (what it holds stays a fraction of a second of its work)."""
-    from actors.outbox import Outboxes
+    from runtime.dataflow.outbox import Outboxes
 
     o = Outboxes(3, max_inflight=2, outbox_batches=2, call_messages=8192, linger_s=0.0,
                  clock=lambda: 0.0)

@@ -33,7 +33,7 @@ def zipf_hashes(m: int, n_keys: int = 10_000, z: float = 1.1, seed: int = 0) -> 
 
 
 def norm_imbalance(workers: np.ndarray, n: int) -> float:
-    """(max load - mean load) / m (ALGORITHMS.md, count-based imbalance)."""
+    """(max load - mean load) / m (docs/algorithms.md, count-based imbalance)."""
     c = np.bincount(workers, minlength=n)
     return float((c.max() - c.mean()) / len(workers))
 

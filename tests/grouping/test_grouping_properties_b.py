@@ -1,7 +1,7 @@
 """Property tests of each scheme's own guarantee: CH, PoRC, CG, FISH.
 
 The conformance suite checks what every scheme shares; these check what each
-one promises (ALGORITHMS.md). Hypothesis drives the parameters and sequences.
+one promises (docs/algorithms.md). Hypothesis drives the parameters and sequences.
 """
 
 from __future__ import annotations
@@ -104,7 +104,7 @@ def test_ch_ring_interface_and_wraparound() -> None:
 
 
 def porc_reference(key_hashes: np.ndarray, n_bins: int, eps: float) -> list[int]:
-    """Plain-Python PoRC straight from ALGORITHMS.md, as an oracle."""
+    """Plain-Python PoRC straight from docs/algorithms.md, as an oracle."""
     loads = [0] * n_bins
     out = []
     for m, h in enumerate(key_hashes.tolist(), start=1):

@@ -72,3 +72,21 @@ def test_one_membership_change_moves_about_one_over_n_keys(scheme: str, op: str)
     if scheme != "chbl":  # bounded loads: homes drift a little even without a change
         assert key_moves(scheme, 8, "none", n_keys=4000, messages=40_000)[
             "moved_keys_fraction"] == 0.0
+
+
+@pytest.mark.parametrize("scheme", sorted(SCHEMES))
+def test_workers_removed_at_any_point_of_a_schemes_state_get_nothing(scheme: str) -> None:
+    """Whatever the scheme's state when workers depart (here: after every
+    number of routed messages up to 30, one worker and then a second), they
+    never get another message. WRR used to pick a departed worker whose credit
+    happened to be the largest (the fault explorer found it: the source then
+    waited for that call forever)."""
+    for before in range(1, 31):
+        g = make_grouping(scheme, 5, seed=before)
+        g.route(UNIFORM[:before])
+        first, second = before % 5, (before + 2) % 5
+        g.remove_worker(first)
+        assert first not in set(g.route(UNIFORM[before:before + 7]).tolist()), before
+        g.remove_worker(second)
+        out = set(g.route(UNIFORM[before + 7:before + 300]).tolist())
+        assert not {first, second} & out, (before, out)

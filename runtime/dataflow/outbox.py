@@ -1,6 +1,6 @@
 """A source's per-worker outboxes: what waits to be sent and what is in flight.
 
-Plain class, no Ray (``actors.source.SourceCore`` composes it). Per worker, a
+Plain class, no Ray (``runtime.dataflow.source.SourceCore`` composes it). Per worker, a
 FIFO of routed sub-batches (``Entry``) and the calls sent but not yet
 acknowledged. A worker gets at most ``max_inflight`` calls in flight; one call
 takes every sub-batch its outbox holds, up to ``call_messages`` messages and

@@ -1,6 +1,6 @@
 """A source's side of recovery: membership, worker deaths, a restart's resume.
 
-Plain classes, no Ray (``actors.source.SourceCore`` composes them; the
+Plain classes, no Ray (``runtime.dataflow.source.SourceCore`` composes them; the
 exactly-once bookkeeping itself is ``runtime.dataflow.reliability``):
 
 - ``Membership``: the workers the source routes to, kept in step with its
@@ -160,6 +160,14 @@ class Resume:
         self.stats: dict[str, Any] = {
             "start_batch": plan.start_batch, "skipped_batches": 0, "reread_batches": 0,
             "skipped_messages": 0, "resent_messages": 0, "retained": 0}
+        #: workers that died during the pass -> their final committed flush
+        self._lost: dict[int, int] = {}
+
+    def worker_lost(self, worker: int, committed_seq: int) -> None:
+        """``worker`` died (fenced, final committed flush ``committed_seq``)
+        before the pass reached every batch it held uncommitted: those messages
+        are sent again when their batch comes, not skipped."""
+        self._lost[int(worker)] = int(committed_seq)
 
     def covers(self, batch: int) -> bool:
         """``batch`` may have been sent by the dead incarnation."""
@@ -182,6 +190,11 @@ class Resume:
         kept = [Entry(w, batch, idx, take(records, idx), hashes[idx], emit_ts,
                       flush_seq=seq, replay=True)
                 for w, idx, seq in retain if w in live]
+        # held by a worker that died since the plan was made, and not committed
+        # there: neither retained (its worker is gone) nor skipped (lost), but sent
+        again = [idx for w, idx, seq in retain if w not in live and seq > self._lost[w]]
+        if again:
+            todo = np.union1d(todo, np.concatenate(again)).astype(todo.dtype)
         self.stats["retained"] += _messages(kept)
         self.stats["skipped_messages"] += n - len(todo)
         self.stats["resent_messages"] += len(todo)

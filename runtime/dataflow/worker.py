@@ -1,0 +1,654 @@
+"""A worker: bounded input queue, emulated service time, own load measurement.
+
+``WorkerCore`` is the plain class (no Ray; tests drive it with a fake clock):
+
+- ``submit(source, parts)`` enqueues one call's sub-batches into a bounded
+  FIFO (``workers.queue_batches``; blocks when full: backpressure) and blocks
+  until they have been processed, then returns the call's *ack*
+  (``runtime.dataflow.messages.Ack``).
+  The caller is one of many threads of a threaded actor; a single processing
+  thread (``run_forever`` / ``step``) drains the queue in FIFO order.
+- Processing = ``ServiceEmulator.serve(n)`` (per-message finish times, so
+  latencies are per message: finish - the source's emit time) + the app's
+  ``add(records, key_hashes)``.
+- Every ``app.aggregate_every_s`` the app's partial (a delta) goes to ``sink``
+  as a ``runtime.dataflow.reliability.Flush``: sequence number, the claims
+  ``(source, batch, idx)`` it covers and the sources' watermarks. A sub-batch's
+  ack names the flush that holds it (``flush_seq``) and the latest flush the
+  aggregator committed (``committed_seq``): sources keep what they sent until
+  it is committed and replay it if this worker dies (docs/reliability.md).
+  ``fence_source(source, epoch)`` (a source restarted) rejects the dead
+  incarnation's queued sub-batches and returns what was processed of it.
+
+It composes one small class per other job:
+
+- ``LoadMeter``: utilization ``U = queue length / queue capacity``, counted
+  in calls (one call may carry several of a source's sub-batches), where the
+  queue length counts the call in service and the capacity is
+  ``min(queue_batches, sources * max_inflight)`` (the most calls that can ever
+  be queued: one per in-flight slot of every source; with 2 sources x 2 in
+  flight - the default is 1 source - a worker whose windows are all full is at
+  U = 1). Same definition as the simulator's, which sends one sub-batch per call
+  (docs/algorithms.md, "Metrics"). It is sampled on every enqueue/dequeue and
+  integrated over time, per slot (``run.slot_s``): processed, mean queue length
+  (msgs and batches), busy fraction, latency histogram.
+- ``SourceSignals`` (CG): one ``LoadSignaler`` per source, all fed the same
+  utilization, so each source gets at most one signal per slot, on its next ack.
+- ``FlushCadence``: when the next flush is due.
+- ``TableRelay`` (ACG): the controller's newest table, to each source once.
+
+The Ray edge is ``actors.worker.WorkerActor`` (``worker-<i>``); the
+fault explorer (``runtime.sim.explore``) drives it in-process on a virtual clock.
+"""
+
+from __future__ import annotations
+
+import math
+import queue
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from runtime.dataflow.latency import LatencyHistogram
+from runtime.dataflow.messages import Ack
+from runtime.dataflow.reliability import ClaimLog, Flush, Part, Tag
+from runtime.dataflow.service import ServiceEmulator
+from runtime.grouping.coordination import FIRST_PLAN_S, RateMeter
+from runtime.grouping.signals import LoadSignaler, WorkerSignals
+from runtime.reporting.metrics import DistinctKeys
+
+Clock = Callable[[], float]
+
+
+@dataclass
+class QueuedCall:
+    """One call's sub-batches (``Part``s), queued until processed together."""
+
+    source: int
+    parts: list[Part]
+    n: int
+    done: threading.Event = field(default_factory=threading.Event)
+    ack: Ack | None = None
+    error: BaseException | None = None
+
+    @property
+    def tag(self) -> Tag | None:
+        """The first part's tag: every part of a call comes from one source
+        incarnation (what fencing looks at)."""
+        return self.parts[0].tag if self.parts else None
+
+
+class _Slots:
+    """Per-slot accumulators on the run's timeline (slot k = [k*slot_s, (k+1)*slot_s))."""
+
+    def __init__(self, slot_s: float) -> None:
+        self.slot_s = slot_s
+        self.processed: dict[int, int] = {}
+        self.queue_msgs_area: dict[int, float] = {}
+        self.queue_batches_area: dict[int, float] = {}
+        self.busy_s: dict[int, float] = {}
+        self.latency: dict[int, LatencyHistogram] = {}
+
+    def add_interval(self, acc: dict[int, float], t_a: float, t_b: float, weight: float) -> None:
+        """Add ``weight * overlap`` of [t_a, t_b) to every slot it overlaps."""
+        if t_b <= t_a or weight == 0:
+            return
+        k = math.floor(t_a / self.slot_s)
+        while True:
+            end = (k + 1) * self.slot_s
+            span = min(end, t_b) - max(k * self.slot_s, t_a)
+            if span > 0:
+                acc[k] = acc.get(k, 0.0) + weight * span
+            if end >= t_b:
+                break
+            k += 1
+
+    def slot_of(self, t: float) -> int:
+        return math.floor(t / self.slot_s)
+
+
+class LoadMeter:
+    """A worker's own load, on the run's timeline (seconds since ``t0`` on ``clock``).
+
+    The queue length (batches and messages, counting the batch in service)
+    changes on every enqueue and dequeue (``change``); between changes it is
+    integrated per slot, and so is the time a batch was in service
+    (``served``). ``rate`` is what a coordinated scheme's controller gets:
+    messages served and seconds with work, since its last ``take_report``.
+
+    Not thread-safe: the worker calls it under one lock, reading the clock
+    under that lock, so that observations stay in time order.
+    """
+
+    def __init__(self, queue_capacity: int, slot_s: float, t0: float, clock: Clock) -> None:
+        self.queue_capacity = int(queue_capacity)
+        self.clock = clock
+        self.q_batches = 0  # in the system: queued + in service
+        self.q_msgs = 0
+        self.slots = _Slots(slot_s)
+        self.restart(t0)
+
+    def restart(self, t0: float) -> None:
+        """Start the timeline at ``t0``: empty slots and rate; the queue stays."""
+        self.t0 = float(t0)
+        self.last_t = self.rel(self.clock())
+        self.rate = RateMeter()
+        self.slots = _Slots(self.slots.slot_s)
+
+    def rel(self, t: float) -> float:
+        """Clock time ``t`` on the run's timeline."""
+        return t - self.t0
+
+    def now(self) -> float:
+        """The clock on the timeline, never before the last observation."""
+        return max(self.rel(self.clock()), self.last_t)
+
+    def utilization(self) -> float:
+        return self.q_batches / self.queue_capacity
+
+    def account(self, now_rel: float) -> None:
+        """Integrate the queue length up to ``now_rel``."""
+        s = self.slots
+        s.add_interval(s.queue_msgs_area, self.last_t, now_rel, self.q_msgs)
+        s.add_interval(s.queue_batches_area, self.last_t, now_rel, self.q_batches)
+        if self.q_batches > 0:  # the rate meter's busy time: time with work
+            self.rate.working(now_rel - self.last_t)
+        self.last_t = max(self.last_t, now_rel)
+
+    def change(self, d_batches: int, d_msgs: int) -> float:
+        """The queue grew (or shrank) now; returns now on the timeline."""
+        now_rel = self.now()
+        self.account(now_rel)
+        self.q_batches += d_batches
+        self.q_msgs += d_msgs
+        return now_rel
+
+    def served(self, n: int, t_start: float, t_end: float, latency_s: np.ndarray) -> None:
+        """A batch of ``n`` messages was in service from ``t_start`` to
+        ``t_end`` (clock times); ``latency_s`` per message."""
+        s = self.slots
+        rel_end = self.rel(t_end)
+        k = s.slot_of(rel_end)
+        s.processed[k] = s.processed.get(k, 0) + n
+        s.add_interval(s.busy_s, self.rel(t_start), rel_end, 1.0)
+        h = s.latency.get(k)
+        if h is None:
+            h = s.latency[k] = LatencyHistogram()
+        h.add(latency_s)
+        self.rate.served(n)
+
+    def take_report(self) -> dict[str, Any]:
+        """The rate meter's report up to now (then it starts afresh)."""
+        self.account(self.now())
+        return self.rate.take()
+
+    def integrals(self, t: float) -> tuple[float, float]:
+        """Since the start, up to clock time ``t``: queue length (batches) x
+        seconds, and seconds in service."""
+        self.account(max(self.rel(t), self.last_t))
+        s = self.slots
+        return float(sum(s.queue_batches_area.values())), float(sum(s.busy_s.values()))
+
+    def series(self, now_rel: float) -> dict[str, Any]:
+        """Per-slot time series from slot 0 to the one holding ``now_rel``:
+        processed, mean queue length (msgs, batches), busy fraction and a
+        sparse latency histogram per slot that has one."""
+        self.account(now_rel)
+        s = self.slots
+        slots = range(0, max(s.slot_of(now_rel), 0) + 1)
+        slot_s = s.slot_s
+        return {
+            "slot": list(slots),
+            "processed": [s.processed.get(k, 0) for k in slots],
+            "queue_msgs": [s.queue_msgs_area.get(k, 0.0) / slot_s for k in slots],
+            "queue_batches": [s.queue_batches_area.get(k, 0.0) / slot_s for k in slots],
+            "busy": [s.busy_s.get(k, 0.0) / slot_s for k in slots],
+            "latency": {k: h.to_sparse() for k, h in s.latency.items()},
+        }
+
+
+class SourceSignals:
+    """One ``LoadSignaler`` per source (none without ``settings``), all fed
+    the same utilization samples. Not thread-safe (the worker's lock)."""
+
+    def __init__(self, settings: WorkerSignals | None) -> None:
+        self.settings = settings
+        self._by_source: dict[int, LoadSignaler] = {}
+
+    def wants(self, source: int) -> bool:
+        """Whether ``source`` needs a signaler (signals are on, it has none yet)."""
+        return self.settings is not None and source not in self._by_source
+
+    def add(self, source: int, now_rel: float, utilization: float) -> None:
+        """Give ``source`` a signaler that starts from the current sample."""
+        if self.settings is not None and source not in self._by_source:
+            sig = LoadSignaler.of(self.settings)
+            sig.observe(now_rel, utilization)
+            self._by_source[source] = sig
+
+    def observe(self, now_rel: float, utilization: float) -> None:
+        for sig in self._by_source.values():
+            sig.observe(now_rel, utilization)
+
+    def get(self, source: int) -> LoadSignaler | None:
+        return self._by_source.get(source)
+
+    def emitted(self) -> dict[str, int]:
+        """Signals emitted to all sources together."""
+        total = {"increase": 0, "decrease": 0}
+        for sig in self._by_source.values():
+            for key in total:
+                total[key] += sig.emitted[key]
+        return total
+
+
+class FlushCadence:
+    """When a worker flushes: every ``aggregate_every_s``. A coordinated
+    scheme's worker (``report_every_s`` set) also reports its rate in every
+    flush, so it flushes at least every ``report_every_s``, the first time
+    early (``FIRST_PLAN_S``): the controller's first plan should not wait."""
+
+    def __init__(self, aggregate_every_s: float, report_every_s: float | None,
+                 now: float) -> None:
+        self.aggregate_every_s = float(aggregate_every_s)
+        self.report_every_s = report_every_s
+        self.restart(now)
+
+    @property
+    def reports(self) -> bool:
+        """Whether flushes carry a rate report."""
+        return self.report_every_s is not None
+
+    def restart(self, now: float) -> None:
+        self.last = now
+        self.every_s = (self.aggregate_every_s if self.report_every_s is None
+                        else min(self.aggregate_every_s, self.report_every_s, FIRST_PLAN_S))
+
+    def due(self, now: float) -> bool:
+        return now - self.last >= self.every_s
+
+    def flushed(self, now: float) -> None:
+        self.last = now
+        if self.report_every_s is not None:
+            self.every_s = min(self.aggregate_every_s, self.report_every_s)
+
+
+class TableRelay:
+    """The controller's newest VW table (ACG, from the commit answers), handed
+    to each source once, on its next ack."""
+
+    def __init__(self) -> None:
+        self.table: Any = None
+        self._sent: dict[int, int] = {}  # source -> version it got
+
+    def offer(self, table: Any) -> None:
+        if table is not None and (self.table is None or table.version > self.table.version):
+            self.table = table
+
+    def take_new(self, source: int) -> Any:
+        """The newest table if ``source`` has not had it yet, else None."""
+        table = self.table
+        if table is None or self._sent.get(source, 0) >= table.version:
+            return None
+        self._sent[source] = table.version
+        return table
+
+
+class WorkerCore:
+    """One worker's logic; see the module docstring. Thread-safe ``submit``."""
+
+    def __init__(
+        self,
+        worker_id: int,
+        app: Any,
+        *,
+        service_us: float,
+        capacity: float = 1.0,
+        throttle: str = "duty-cycle",
+        queue_batches: int = 8,
+        queue_capacity_batches: int | None = None,
+        slot_s: float = 0.5,
+        signals: WorkerSignals | None = None,
+        aggregate_every_s: float = 1.0,
+        sink: Callable[[Flush], None] | None = None,
+        t0: float | None = None,
+        clock: Clock = time.time,
+        sleep: Callable[[float], None] = time.sleep,
+        report_every_s: float | None = None,
+        stopped_clock: Clock | None = None,
+    ) -> None:
+        """``report_every_s``: coordinated schemes (ACG) - flushes also carry a
+        rate report (``FlushCadence``) and the controller's tables come back
+        (``on_table``)."""
+        self.worker_id = int(worker_id)
+        #: the app's worker side: ``add(records, key_hashes)`` per sub-batch,
+        #: ``flush()`` -> the partial sent to the aggregator
+        self.app = app
+        self._keys = DistinctKeys()
+        self.throttle = throttle
+        self.clock = clock
+        self.capacity = float(capacity)
+        scale = self.capacity if throttle == "service" else 1.0
+        self.service = ServiceEmulator(service_us, scale, clock=clock, sleep=sleep,
+                                       stopped_clock=stopped_clock)
+        self.queue_batches = int(queue_batches)
+        self._queue: queue.Queue[QueuedCall | None] = queue.Queue(maxsize=self.queue_batches)
+        #: why the processing thread died, if it did (then every batch fails fast)
+        self._dead: BaseException | None = None
+        #: guards ``load``, ``_signals`` and the totals (latency, processed, batches)
+        self._lock = threading.Lock()
+        self.load = LoadMeter(queue_capacity_batches or queue_batches, slot_s,
+                              clock() if t0 is None else float(t0), clock)
+        self._signals = SourceSignals(signals)
+        self._cadence = FlushCadence(aggregate_every_s, report_every_s, clock())
+        self._tables = TableRelay()
+        self.sink = sink
+        self.latency = LatencyHistogram()
+        self.processed = 0
+        self.batches = 0
+        self.flushes = 0
+        self._stop = threading.Event()
+        #: held while a batch is applied to the app state and while flushing, so
+        #: claims, state and flushes stay consistent for ``fence_source``
+        self._proc_lock = threading.RLock()
+        self.claims = ClaimLog()
+        self._committed = threading.Condition()
+
+    @property
+    def distinct_keys(self) -> int:
+        """Distinct keys this worker has processed (replication's numerator)."""
+        return len(self._keys)
+
+    def utilization_now(self) -> float:
+        return self.load.utilization()
+
+    def _changed(self, d_batches: int, d_msgs: int) -> None:
+        with self._lock:  # the clock is read under the lock: observations stay ordered
+            now_rel = self.load.change(d_batches, d_msgs)
+            self._signals.observe(now_rel, max(0.0, self.load.utilization()))
+
+    def start_run(self, t0: float) -> None:
+        """Align the slots with the run's start (``t0`` on ``clock``); before any batch."""
+        with self._lock:
+            self.load.restart(t0)
+            self._cadence.restart(self.clock())
+
+    # ------------------------------------------------------------------ input side
+    def submit(self, source: int, parts: list[Part]) -> Ack:
+        """Enqueue one call's sub-batches and block until they are processed;
+        returns the call's ack."""
+        item = self.enqueue(source, parts)
+        item.done.wait()
+        if item.error is not None:
+            raise item.error
+        assert item.ack is not None
+        return item.ack
+
+    def enqueue(self, source: int, parts: list[Part]) -> QueuedCall:
+        """Queue one call's sub-batches (blocks while the queue is full); the
+        caller waits on the returned call's ``done`` for its ack."""
+        item = QueuedCall(int(source), list(parts), sum(len(p) for p in parts))
+        if self._signals.wants(item.source):
+            with self._lock:
+                self._signals.add(item.source, self.load.now(),
+                                  max(0.0, self.load.utilization()))
+        # counted before the put: a caller blocked on a full queue is waiting in it too
+        self._changed(+1, item.n)
+        self._queue.put(item)  # blocks while the queue is full
+        if self._dead is not None:  # the processing thread is gone: nobody will take it
+            self._fail_queued()
+        return item
+
+    # ------------------------------------------------------------------ processing
+    def step(self, timeout: float | None = None) -> bool:
+        """Process one queued batch (False if none arrived within ``timeout``)."""
+        try:
+            item = self._queue.get(timeout=timeout) if timeout != 0 else self._queue.get_nowait()
+        except queue.Empty:
+            self.maybe_flush()
+            return False
+        if item is None:
+            return False
+        try:
+            self._process(item)
+        except BaseException as e:  # the caller gets the error instead of hanging
+            item.error = e
+            item.done.set()
+            raise
+        self.maybe_flush()
+        return True
+
+    def _process(self, item: QueuedCall) -> None:
+        flush_seq = self.claims.open_seq
+        if self._fenced(item):
+            return
+        t_start = self.clock()
+        finish = self.service.serve(item.n)
+        applied_seq = self._apply(item, flush_seq)
+        if applied_seq is None:
+            return
+        t_end = self.clock()
+        lat = _latencies(item, finish, t_end)
+        with self._lock:
+            self.load.served(item.n, t_start, t_end, lat)
+            self.latency.add(lat)
+            self.processed += item.n
+            self.batches += 1
+        self._changed(-1, -item.n)
+        item.ack = self._ack(item, lat, t_end, applied_seq)
+        item.parts = []
+        item.done.set()
+
+    def _fenced(self, item: QueuedCall) -> bool:
+        """Whether ``item`` comes from a fenced-off (dead) source incarnation;
+        if so it is answered as rejected, not processed."""
+        if item.tag is None:
+            return False
+        with self._proc_lock:
+            if self.claims.admits(item.tag):
+                return False
+            self.claims.rejected += 1
+            self._changed(-1, -item.n)
+            item.ack = Ack(self.worker_id, 0, 0, 0.0, 0.0, self.clock(),
+                           self.claims.open_seq, self.claims.committed_seq, rejected=True)
+            item.parts = []
+            item.done.set()
+            return True
+
+    def _apply(self, item: QueuedCall, flush_seq: int) -> int | None:
+        """Add ``item`` to the app's state, except messages this worker already
+        processed (same source, batch and index: a replay never counts twice
+        here); the flush that holds it, or None if its source was fenced while
+        it was in service."""
+        with self._proc_lock:
+            if self._fenced(item):
+                return None
+            parts = [p if p.tag is None else _new_only(p, self.claims) for p in item.parts]
+            for p in parts:
+                if len(p):
+                    self.app.add(p.records, p.hashes)
+                    self._keys.add(p.hashes)
+                if p.tag is not None:
+                    flush_seq = self.claims.processed(p.tag)
+        return flush_seq
+
+    def _ack(self, item: QueuedCall, lat: np.ndarray, t_end: float, flush_seq: int) -> Ack:
+        signal = 0
+        sig = self._signals.get(item.source)
+        if sig is not None:
+            with self._lock:
+                signal = sig.take_signal(self.load.last_t)
+        return Ack(self.worker_id, item.n, signal,
+                   float(lat.sum()) if item.n else 0.0, float(lat.max()) if item.n else 0.0,
+                   t_end, flush_seq, self.claims.committed_seq,
+                   table=self._tables.take_new(item.source))
+
+    def maybe_flush(self, force: bool = False) -> bool:
+        now = self.clock()
+        if not force and not self._cadence.due(now):
+            return False
+        with self._proc_lock:  # the sink is called in sequence order
+            self._cadence.flushed(now)
+            flush = self.claims.close(self.worker_id, self.app.flush())
+            if self._cadence.reports:
+                with self._lock:
+                    flush.report = self.load.take_report()
+            self.flushes += 1
+            if self.sink is not None:
+                self.sink(flush)
+        return True
+
+    def flush_now(self) -> int:
+        """Flush now (unless nothing is open); returns the newest flush sequence."""
+        with self._proc_lock:
+            if self.claims.open_messages:
+                self.maybe_flush(force=True)
+            return self.claims.open_seq - 1
+
+    def on_table(self, table: Any) -> None:
+        """The controller's latest VW table (from the commit answers)."""
+        self._tables.offer(table)
+
+    def on_committed(self, seq: int) -> None:
+        """The aggregator committed flush ``seq`` (and every earlier one)."""
+        with self._committed:
+            self.claims.on_committed(seq)
+            self._committed.notify_all()
+
+    def wait_committed(self, seq: int, timeout: float | None = None) -> int:
+        """Block until flush ``seq`` is committed (or ``timeout``); the committed
+        seq. A worker that failed (``fail``) raises why instead."""
+        with self._committed:
+            self._committed.wait_for(
+                lambda: self.claims.committed_seq >= seq or self._dead is not None, timeout)
+            if self._dead is not None:
+                raise self.death()
+            return self.claims.committed_seq
+
+    def fence_source(self, source: int, epoch: int) -> dict[str, Any]:
+        """``source`` restarted as incarnation ``epoch``: see ``ClaimLog.fence``.
+        Waits for a batch in service; queued ones of older incarnations are
+        rejected when dequeued."""
+        with self._proc_lock:
+            return self.claims.fence(source, epoch)
+
+    def run_forever(self) -> None:
+        """The processing thread: drain FIFO until ``stop()``. If it dies, every
+        queued (and later) batch fails with the error instead of waiting forever."""
+        try:
+            while not self._stop.is_set():
+                self.step(timeout=min(0.1, self._cadence.aggregate_every_s))
+        except BaseException as e:
+            self._dead = e
+            self._fail_queued()
+            raise
+
+    def _fail_queued(self) -> None:
+        while True:
+            try:
+                item = self._queue.get_nowait()
+            except queue.Empty:
+                return
+            if item is not None:
+                item.error = self.death()
+                item.done.set()
+
+    def death(self) -> BaseException:
+        """Why this worker cannot take more work: the user operator's own
+        one-line error when that is the cause, else the processing thread's."""
+        from runtime.operators import find_operator_error
+
+        return find_operator_error(self._dead) or RuntimeError(
+            f"worker-{self.worker_id} processing thread died: {self._dead!r}")
+
+    def fail(self, error: BaseException) -> None:
+        """Stop taking work: every queued and later call fails with ``error``."""
+        self._dead = error
+        self._fail_queued()
+        with self._committed:  # a commit waiter learns nothing will commit
+            self._committed.notify_all()
+
+    def stop(self) -> None:
+        self._stop.set()
+        try:
+            self._queue.put_nowait(None)
+        except queue.Full:
+            pass
+
+    # ------------------------------------------------------------------ control + reports
+    def set_capacity(self, capacity: float) -> None:
+        """Record a capacity change; in ``service`` mode it also rescales service time."""
+        self.capacity = float(capacity)
+        if self.throttle == "service":
+            self.service.set_capacity_scale(self.capacity)
+
+    def progress(self) -> dict[str, Any]:
+        return {"worker": self.worker_id, "processed": self.processed,
+                "utilization": self.utilization_now(), "queue_msgs": self.load.q_msgs}
+
+    def telemetry_snapshot(self) -> dict[str, Any]:
+        """Cumulative counters since ``start_run`` for live metrics (read ~1/s by
+        ``actors.telemetry``): differences of two snapshots give rates, mean
+        utilization and busy fraction, and the latency histogram of the interval."""
+        now = self.clock()
+        with self._lock:
+            queue_batches_s, busy_s = self.load.integrals(now)
+            return {
+                "t": now,
+                "processed": self.processed,
+                "batches": self.batches,
+                "queue_msgs": self.load.q_msgs,
+                "queue_batches": self.load.q_batches,
+                "queue_capacity": self.load.queue_capacity,
+                "capacity": self.capacity,
+                "queue_batches_s": queue_batches_s,
+                "busy_s": busy_s,
+                "stopped_s": float(self.service.stopped_s),
+                "latency_counts": self.latency.counts.copy(),
+                "latency_max_s": self.latency.max_s,
+            }
+
+    def finish(self) -> dict[str, Any]:
+        """Final flush and the worker's statistics and per-slot time series."""
+        self.maybe_flush(force=True)
+        now_rel = self.load.rel(self.clock())
+        with self._lock:
+            series = self.load.series(now_rel)
+            signals = self._signals.emitted()
+        return {
+            "id": self.worker_id,
+            "processed": self.processed,
+            "batches": self.batches,
+            "keys": self.distinct_keys,
+            "flushes": self.flushes,
+            "committed_seq": self.claims.committed_seq,
+            "rejected_batches": self.claims.rejected,
+            "duplicate_messages": self.claims.duplicates,
+            "stopped_s": self.service.stopped_s,
+            "latency": self.latency.to_sparse(),
+            "signals_emitted": signals,
+            "queue_capacity_batches": self.load.queue_capacity,
+            "series": series,
+        }
+
+
+def _new_only(part: Part, claims: ClaimLog) -> Part:
+    """``part`` without the messages ``claims`` says were processed already."""
+    assert part.tag is not None
+    keep = claims.filter_new(part.tag)
+    return part if keep is None else part.select(keep)
+
+
+def _latencies(item: QueuedCall, finish: np.ndarray, t_end: float) -> np.ndarray:
+    """Per message of ``item``: its finish time (``finish`` from the service
+    emulator) - its emit time; app compute after the emulated service delays
+    the whole batch, which ended at ``t_end``."""
+    if item.n:
+        finish = finish + max(0.0, t_end - float(finish[-1]))
+    emit = (item.parts[0].emit_per_message() if len(item.parts) == 1
+            else np.concatenate([p.emit_per_message() for p in item.parts]))
+    return np.maximum(finish - emit, 0.0)

@@ -1,0 +1,71 @@
+"""What the coordinated schemes' controller, sources and workers share
+(``acg`` today): the versioned VW -> worker table that travels on commits and
+acks, the meters a worker (``RateMeter``: served messages and busy time) and
+a source (``RoutedMeter``: messages routed per VW) report, and when the first
+report is due. The dataflow cores (``runtime.dataflow``) use these without
+importing any scheme; the scheme's controller (``runtime.grouping.acg``)
+consumes them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+#: workers report (and the controller plans) this early for the first time
+FIRST_PLAN_S = 0.5
+
+
+@dataclass(frozen=True)
+class VwTable:
+    """A versioned VW -> worker table (what travels on commits and acks)."""
+
+    version: int
+    owner: np.ndarray  # int32[B]
+
+
+class RateMeter:
+    """What a worker measures for the controller between two reports: messages
+    served and the seconds it had work (queued or in service: time stopped
+    then counts - that is what a slow machine is; idle time does not). Not
+    thread-safe (the worker holds a lock)."""
+
+    def __init__(self) -> None:
+        self.processed = 0
+        self.busy_s = 0.0
+
+    def served(self, n: int) -> None:
+        self.processed += int(n)
+
+    def working(self, seconds: float) -> None:
+        self.busy_s += max(0.0, float(seconds))
+
+    def take(self) -> dict[str, Any]:
+        """The report since the previous ``take`` (then starts afresh)."""
+        out = {"processed": self.processed, "busy_s": self.busy_s}
+        self.processed, self.busy_s = 0, 0.0
+        return out
+
+
+class RoutedMeter:
+    """What a source routed per VW since its last report (its offered load: not
+    censored by backpressure, unlike what a worker receives)."""
+
+    def __init__(self, n_virtual: int, since: float) -> None:
+        self.counts = np.zeros(n_virtual, dtype=np.int64)
+        self.since = since
+
+    def routed(self, vws: np.ndarray) -> None:
+        self.counts += np.bincount(vws, minlength=len(self.counts))
+
+    def take(self, now: float, final: bool = False) -> dict[str, Any]:
+        """The report over ``[since, now)``; the next window starts at ``now``.
+        ``final``: the source's last one (its stream has ended)."""
+        ids = np.flatnonzero(self.counts).astype(np.int32)
+        out = {"since": self.since, "now": now, "vw_ids": ids, "vw_counts": self.counts[ids],
+               "final": final}
+        self.counts = np.zeros_like(self.counts)
+        self.since = now
+        return out
