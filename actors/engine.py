@@ -23,6 +23,8 @@ import logging
 import os
 import signal
 import sys
+import threading
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import TracebackType
@@ -33,6 +35,7 @@ import ray
 from actors import cluster, spark_input, telemetry
 from actors.pipeline import run_with_restarts
 from runtime.cli import fail
+from runtime.reporting import phases
 from runtime.topology import Topology
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -57,13 +60,15 @@ def _sigterm(signum: int, frame: Any) -> None:
     raise KeyboardInterrupt
 
 
-def _announce(ctx: Any) -> None:
-    """Where to watch: the Ray dashboard, the cluster address, the live view."""
+def _announce(ctx: Any, log_file: str | os.PathLike[str] | None = None) -> None:
+    """Where to watch: the Ray dashboard, the cluster address, the live view,
+    and where Spark's and Ray's own messages go."""
     gcs = (getattr(ctx, "address_info", None) or {}).get("gcs_address", "?")
     url = getattr(ctx, "dashboard_url", None)
     dash = f"dashboard http://{url}, " if url else ""
+    logs = f"; Spark's and Ray's messages: {log_file}" if log_file is not None else ""
     print(f"ray: {dash}cluster {gcs} (ray list actors --address {gcs}); "
-          f"live view: python -m runtime.top", file=sys.stderr)
+          f"live view: python -m runtime.top{logs}", file=sys.stderr)
 
 
 #: an actor call's arguments up to this many bytes travel inside the call;
@@ -93,7 +98,7 @@ def inline_args_env() -> dict[str, str]:
 @contextlib.contextmanager
 def engine_session(app_name: str, address: str | None = None, *,
                    topo: Topology | None = None, spark: SparkSizing | None = None,
-                   ) -> Iterator[Any]:
+                   log_file: str | os.PathLike[str] | None = None) -> Iterator[Any]:
     """Ray (local, or the cluster at ``address``) and a RayDP Spark session;
     both are shut down on every exit path (SIGTERM included).
 
@@ -103,6 +108,8 @@ def engine_session(app_name: str, address: str | None = None, *,
     On an existing cluster nothing here is node-local: actors are named in the
     run's namespace, other nodes' workers are throttled by a ``ThrottleActor``
     on their node, and the outputs are written by this driver.
+    ``log_file``: where Spark's JVM, Ray's start-up and Ray Data write their
+    own messages (``spark_input.start_spark``); ``None``: the console.
     """
     sizing = spark or SparkSizing()
 
@@ -122,21 +129,31 @@ def engine_session(app_name: str, address: str | None = None, *,
     # existing cluster keeps its own settings
     starts = address is None and not os.environ.get("RAY_ADDRESS")
     system_config = ray_system_config() if starts else {}
+    # Spark's Python side (pyspark, RayDP, Ray Data: ~1-2 s of imports) loads
+    # while Ray starts: RayDP itself needs Ray up, its modules do not
+    preload = threading.Thread(target=spark_input.preload, name="spark-preload", daemon=True)
+    preload.start()
     try:
+        t_ray = time.time()
         try:
             ctx = ray.init(address=address, runtime_env=runtime_env,
                            logging_level=logging.WARNING, log_to_driver=False,
                            _system_config=system_config or None)
         except ConnectionError as e:
             fail(f"--address: cannot attach to the Ray cluster at {address!r} ({e})")
+        phases.startup_step("ray", t_ray)
         cluster.check_spark_fits(sizing.cpus)
         if topo is not None:  # before anything else is printed: one line, exit 2
             cluster.check_placement(topo, spark_cpus=sizing.cpus)
-        _announce(ctx)
-        yield spark_input.start_spark(app_name=app_name, executor_memory=sizing.memory,
-                                      num_executors=sizing.executors,
-                                      executor_cores=sizing.cores,
-                                      extra_configs=dict(sizing.conf))
+        _announce(ctx, log_file)
+        preload.join()
+        t_spark = time.time()
+        session = spark_input.start_spark(app_name=app_name, executor_memory=sizing.memory,
+                                          num_executors=sizing.executors,
+                                          executor_cores=sizing.cores,
+                                          extra_configs=dict(sizing.conf), log_file=log_file)
+        phases.startup_step("spark", t_spark)
+        yield session
     finally:
         try:
             spark_input.stop_spark()
@@ -152,9 +169,13 @@ class RayEngine:
     ``spark`` is the Spark session while inside the ``with``."""
 
     def __init__(self, app_name: str, address: str | None = None, *,
-                 topo: Topology | None = None, spark: SparkSizing | None = None) -> None:
+                 topo: Topology | None = None, spark: SparkSizing | None = None,
+                 log_file: str | os.PathLike[str] | None = None) -> None:
         self.app_name, self.address, self.topo, self.sizing = app_name, address, topo, spark
+        self.log_file = log_file
         self.spark: Any = None
+        #: the last run's ``phases`` clock (``runtime.reporting.phases``)
+        self.clock: phases.RunClock | None = None
         self._session = contextlib.ExitStack()
 
     def __enter__(self) -> RayEngine:
@@ -162,7 +183,9 @@ class RayEngine:
             self.spark = spark_input.start_spark()  # (returns the running one)
         else:
             self.spark = self._session.enter_context(engine_session(
-                self.app_name, self.address, topo=self.topo, spark=self.sizing))
+                self.app_name, self.address, topo=self.topo, spark=self.sizing,
+                log_file=self.log_file))
+            phases.engine_ready()  # the first run's start-up ends here
         return self
 
     def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None,
@@ -180,7 +203,8 @@ class RayEngine:
 
     def run(self, topo: Topology, out_dir: str | os.PathLike[str], *, progress: bool = False,
             log: Callable[[str], None] | None = None, data: Any = None, resume: bool = False,
-            verify: bool = False) -> dict[str, Any]:
+            verify: bool = False, plot: bool = True,
+            clock: phases.RunClock | None = None) -> dict[str, Any]:
         """Run ``topo``, write its outputs to ``out_dir``, return the report.
 
         Runs with ``run_with_restarts``: a live stream (``input.stream``)
@@ -191,20 +215,30 @@ class RayEngine:
         Spark's own answer on the same input (``spark_reference``, taken
         before the stream - after it for a live stream - and
         ``verify_result``); the report gets the verdict as ``verify``.
+        ``plot``: write ``report.png`` (``False``: the caller plots later).
+        The report's ``phases`` run until the outputs are written
+        (``finish_parts.outputs``); ``self.clock`` keeps the run's clock for
+        a caller that adds what follows (``runtime.run``: plot, shut-down).
         """
         live, out = topo.input.stream, Path(out_dir)
+        self.clock = clock = clock if clock is not None else phases.RunClock.take()
         if verify and not live and data is None:  # Spark's answer on the very rows the run read
             with self.shared_input(topo) as df:
-                return self.run(topo, out, progress=progress, log=log, data=df, verify=True)
+                return self.run(topo, out, progress=progress, log=log, data=df, verify=True,
+                                plot=plot, clock=clock)
         # Spark's answer is taken before the stream: a failure during the run (a
         # node, Spark's executor with it) cannot take it away (docs/cluster.md)
         ref = spark_reference(topo, data) if verify and not live else None
         report = run_with_restarts(topo, out, self.spark, progress=progress, log=log,
-                                   resume=resume, df=None if live else data)
+                                   resume=resume, df=None if live else data, plot=plot,
+                                   clock=clock)
         if verify:
             if ref is None:  # a live stream: every file that arrived, read once it ended
                 ref = spark_reference(topo, spark_input.build_dataframe(self.spark, topo))
             report["verify"] = verify_result(topo, ref, out)
+        clock.part("outputs", clock.since_end())  # the result is safe from here on
+        report["phases"] = clock.block()
+        phases.rewrite(out, report["phases"])
         return report
 
 

@@ -64,6 +64,7 @@ from runtime.dataflow.latency import LatencyHistogram
 from runtime.grouping import SCHEMES
 from runtime.inputs.input_check import SHARD_BLOCK_ROWS
 from runtime.placement import actor_options
+from runtime.reporting import phases as phases_mod
 from runtime.reporting import report as report_mod
 from runtime.reporting.report import write_result, write_run
 from runtime.topology import Topology, TopologyError
@@ -372,17 +373,23 @@ def run_pipeline(
     log: Callable[[str], None] | None = None,
     df: Any = None,
     resume: bool = False,
+    plot: bool = True,
+    clock: phases_mod.RunClock | None = None,
     history: list[dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
     """Run ``topo`` in the current Ray cluster; write the outputs; return the report.
 
     ``df``: the input DataFrame if the caller already built it (default:
     ``build_dataframe(spark, topo)``). ``resume``: a live stream continues from
-    the checkpoint in ``out_dir`` (``runtime.dataflow.checkpoint``).
+    the checkpoint in ``out_dir`` (``runtime.dataflow.checkpoint``). ``plot``:
+    write ``report.png`` (``False``: the caller plots later,
+    ``report.write_plot``). ``clock``: the run's ``phases`` clock (default:
+    one starting now, ``RunClock.take``).
     ``history``: the earlier attempts ``run_with_restarts`` restarted (for the report).
     Raises ``RunRestart`` when the aggregator (or a live stream's source) died.
     """
-    r = _PipelineRun(topo, out_dir, spark, progress=progress, log=log)
+    r = _PipelineRun(topo, out_dir, spark, progress=progress, log=log, plot=plot,
+                     clock=clock if clock is not None else phases_mod.RunClock.take())
     r.history = list(history or [])
     try:
         r.create_workers(resume)
@@ -406,8 +413,10 @@ class _PipelineRun:
     what a phase finds out is kept for the phases after it."""
 
     def __init__(self, topo: Topology, out_dir: str | Path, spark: Any, *, progress: bool,
-                 log: Callable[[str], None] | None) -> None:
+                 log: Callable[[str], None] | None, plot: bool = True,
+                 clock: phases_mod.RunClock | None = None) -> None:
         self.topo, self.out_dir, self.spark, self.progress = topo, out_dir, spark, progress
+        self.plot, self.clock = plot, clock or phases_mod.RunClock(time.time(), 0.0)
         self.say = log or (lambda m: print(m, file=sys.stderr))
         self.n = topo.workers.total_count  # added workers are started up front, idle until added
         self.caps = Capacities(topo)
@@ -747,7 +756,11 @@ class _PipelineRun:
                                   ] + report["failures"]
             if self.stream is not None:
                 report["stream"]["restarts"] = [h["cause"] for h in self.history]
-        write_run(self.out_dir, report, report_mod.timeseries(measured.series), self.result)
+        self.clock.start(self.t0)  # the sources go, each holding its first batch
+        self.clock.end(self.t0 + self.duration_s)  # the last ack
+        report["phases"] = self.clock.block()
+        write_run(self.out_dir, report, report_mod.timeseries(measured.series), self.result,
+                  plot=self.plot)
         return {**report, "result": {"path": "result.parquet", "rows": self.result.num_rows}}
 
 

@@ -33,6 +33,7 @@ Key conventions (same as ``runtime.operators`` and ``runtime.hashing``):
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import os
@@ -99,9 +100,70 @@ def _install_load_code_fix() -> None:
     raydp_dataset._fetch_arrow_table_from_executor = _fetch_and_reset
 
 
+def preload() -> None:
+    """Import what ``start_spark`` needs (pyspark's SQL side, RayDP, Ray
+    Data): run in a thread while Ray starts. A failure is left for
+    ``start_spark`` to raise, in order."""
+    try:
+        import pyspark.sql  # noqa: F401
+        import ray.data  # noqa: F401
+        import raydp  # noqa: F401
+        from raydp.spark import dataset  # noqa: F401
+    except Exception:  # noqa: BLE001, S110 - start_spark imports them again and says why
+        pass
+
+
+@contextlib.contextmanager
+def output_to(path: str | os.PathLike[str] | None) -> Iterator[None]:
+    """This process's stdout and stderr (file descriptors 1 and 2) appended to
+    ``path`` inside the block (``None``: left alone). A child started inside
+    (Spark's driver JVM) keeps writing there for good: its start-up chatter
+    (log4j's status lines, Spark's ``WARN Utils`` and ``NativeCodeLoader``,
+    Ray's ``gcs_client.cc`` lines from its Java worker) stays off the console."""
+    if path is None:
+        yield
+        return
+    sys.stdout.flush()
+    sys.stderr.flush()
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    saved = (os.dup(1), os.dup(2))
+    try:
+        os.dup2(fd, 1)
+        os.dup2(fd, 2)
+        yield
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os.dup2(saved[0], 1)
+        os.dup2(saved[1], 2)
+        for f in (*saved, fd):
+            os.close(f)
+
+
+def route_ray_data_logs(path: str | os.PathLike[str] | None) -> None:
+    """Ray Data's console messages in the driver (its progress-bar warning,
+    "Dataset ... execution finished") go to ``path`` instead; its errors
+    still reach the console. ``None``: left alone."""
+    if path is None:
+        return
+    import ray.data  # noqa: F401 - configures its loggers: re-routed below
+
+    logger = logging.getLogger("ray.data")
+    for h in list(logger.handlers):
+        if not isinstance(h, logging.FileHandler) and type(h).__name__ != "SessionFileHandler":
+            h.setLevel(logging.ERROR)
+    if not any(getattr(h, "_hetero_engine_log", False) for h in logger.handlers):
+        fh = logging.FileHandler(path)
+        fh.setLevel(logging.INFO)
+        fh.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+        fh._hetero_engine_log = True  # type: ignore[attr-defined]
+        logger.addHandler(fh)
+
+
 def start_spark(app_name: str = "hetero-stream", executor_memory: str = "1GB",
                 num_executors: int = 1, executor_cores: int = 1,
-                extra_configs: dict[str, str] | None = None) -> Any:
+                extra_configs: dict[str, str] | None = None,
+                log_file: str | os.PathLike[str] | None = None) -> Any:
     """Start (once per process) a RayDP Spark session (default: 1 executor, 1 core).
 
     Ray must be initialized by the caller (``ray.init``). Returns the existing
@@ -110,7 +172,9 @@ def start_spark(app_name: str = "hetero-stream", executor_memory: str = "1GB",
     ``executor_cores`` CPUs, on whichever nodes have them (docs/cluster.md).
     ``extra_configs``: more Spark settings (e.g. RayDP's
     ``spark.ray.raydp_spark_executor.actor.resource.<name>`` to pin executors);
-    Java options given there keep the Java 17 ones appended.
+    Java options given there keep the Java 17 ones appended. ``log_file``:
+    where Spark's driver JVM writes (its stdout and stderr, for good) and
+    Ray Data's console messages go (``None``: this process's console).
     """
     global _session, _session_cpus
     if not ray.is_initialized():
@@ -144,14 +208,16 @@ def start_spark(app_name: str = "hetero-stream", executor_memory: str = "1GB",
         }
         for k, v in (extra_configs or {}).items():
             configs[k] = f"{v} {JAVA17_OPTIONS}" if k.endswith("extraJavaOptions") else v
-        spark = raydp.init_spark(
-            app_name=app_name,
-            num_executors=num_executors,
-            executor_cores=executor_cores,
-            executor_memory=executor_memory,
-            configs=configs,
-        )
-        spark.sparkContext.setLogLevel("ERROR")
+        with output_to(log_file):
+            spark = raydp.init_spark(
+                app_name=app_name,
+                num_executors=num_executors,
+                executor_cores=executor_cores,
+                executor_memory=executor_memory,
+                configs=configs,
+            )
+            spark.sparkContext.setLogLevel("ERROR")
+        route_ray_data_logs(log_file)
         _session = spark
         _session_cpus = float(num_executors * executor_cores)
         return spark

@@ -28,8 +28,9 @@ import pandas as pd
 
 from runtime.cli import base_parser, check_address, fail, load_or_exit, parse_schemes, run_main
 from runtime.engine import Engine
+from runtime.reporting import phases
 from runtime.reporting.report import default_out_dir
-from runtime.run import check_input_columns
+from runtime.run import check_input_columns, exit_now
 from runtime.topology import Topology
 
 #: every comparison: the baselines, the papers' schemes, the newest peer, ours, and the
@@ -89,6 +90,10 @@ def row(report: dict[str, Any]) -> dict[str, Any]:
         "replication": report["replication"],
         "migrations": report["migrations"],
         "offered_msgs_per_s": report.get("topology", {}).get("rate", 0.0),
+        # where the run's wall time went (runtime.reporting.phases); a later
+        # run in the shared session has no start-up
+        **{f"{k}_s": report.get("phases", {}).get(k, float("nan"))
+           for k in ("startup", "input", "stream", "finish")},
     }
 
 
@@ -141,18 +146,22 @@ def plot_compare(series: dict[str, pd.DataFrame], rows: Sequence[dict[str, Any]]
 
 
 def open_engine(engine: str, address: str | None, topo: Topology,
-                ) -> AbstractContextManager[Engine]:
+                log_file: Path | None = None) -> AbstractContextManager[Engine]:
     """The engine ``run_all`` runs ``topo``'s schemes on: the simulator, or a
     Ray + Spark session (``actors.engine.RayEngine``, attached to ``address``)
-    once ``topo``'s input passed its checks (else exit 2 before Ray starts)."""
+    once ``topo``'s input passed its checks (else exit 2 before Ray starts).
+    ``log_file``: where Spark's and Ray's own messages go (default: the console)."""
     if engine == "sim":
         from runtime.sim import SimEngine
 
+        phases.engine_ready()
         return contextlib.nullcontext(SimEngine())
     check_input_columns(topo)
     from actors.engine import RayEngine
 
-    return RayEngine(f"compare-{topo.name}", address, topo=topo)
+    if log_file is not None:
+        log_file.parent.mkdir(parents=True, exist_ok=True)
+    return RayEngine(f"compare-{topo.name}", address, topo=topo, log_file=log_file)
 
 
 def run_all(topos: Sequence[Topology], engine: Engine, out: Path, *, progress: bool,
@@ -195,6 +204,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--address", default=None, help="Ray cluster address (engine ray)")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
     args = p.parse_args(argv)
+    phases.begin()  # the command's start: this process's creation
     schemes = parse_schemes(args.schemes)
     if args.offered is not None and not args.offered > 0:
         fail(f"--offered: must be > 0 (got {args.offered})")
@@ -207,7 +217,8 @@ def main(argv: list[str] | None = None) -> int:
     def say(m: str) -> None:
         print(m, file=sys.stderr)
 
-    with open_engine(args.engine, args.address, topos[0]) as engine:
+    log_file = out / "engine.log" if args.engine == "ray" else None
+    with open_engine(args.engine, args.address, topos[0], log_file) as engine:
         rows, series = run_all(topos, engine, out, progress=not args.no_progress, say=say)
     table = markdown_table(rows)
     offered = f", offered {args.offered:g}x capacity" if args.offered else ", rate 0 (saturated)"
@@ -220,4 +231,9 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    run_main(lambda: main(sys.argv[1:]))
+    try:
+        run_main(lambda: main(sys.argv[1:]))
+    except SystemExit as e:
+        if e.code is not None and not isinstance(e.code, int):
+            raise
+        exit_now(e.code or 0)  # (runtime.run's: no slow teardown of the interpreter)

@@ -14,6 +14,7 @@ import time
 
 from runtime.cli import base_parser, load_or_exit, run_main
 from runtime.inputs.input_check import SHARD_BLOCK_ROWS
+from runtime.reporting import phases
 from runtime.reporting.report import default_out_dir, summary_table
 from runtime.sim import SimEngine, SimResult, simulate
 from runtime.sim.engine import DEFAULT_ACK_DELAY_MS
@@ -33,6 +34,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--no-plot", action="store_true", help="skip report.png")
     args = p.parse_args(argv)
+    phases.begin()  # the command's start: this process's creation
+    phases.engine_ready()  # the simulator is up once imported
     topo = load_or_exit(args.topology, args.overrides)
     engine = SimEngine(ack_delay_ms=args.ack_delay_ms, shard_block_rows=args.shard_block_rows,
                        plot=not args.no_plot)

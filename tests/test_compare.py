@@ -52,6 +52,14 @@ def test_compare_runs_every_scheme_on_the_same_input(tmp_path: Path, capsys) -> 
     md = (out / "compare.md").read_text()
     assert "| kg |" in md and "| cg |" in md
     assert "| cg |" in capsys.readouterr().out
+    # where each run's time went: only the first run of the session pays the
+    # start-up (the command's, here this test process's); every report has phases
+    assert by.loc["kg", "startup_s"] > 0
+    assert (by.loc[["sg", "cg"], "startup_s"] == 0).all()
+    assert (table[["input_s", "stream_s", "finish_s"]] >= 0).all().all()
+    for s in ("kg", "sg", "cg"):
+        ph = json.loads((out / s / "report.json").read_text())["phases"]
+        assert ph["stream"] == pytest.approx(by.loc[s, "stream_s"])
 
 
 def test_offered_sets_the_rate_from_the_capacities(tmp_path: Path) -> None:

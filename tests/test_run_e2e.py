@@ -9,6 +9,9 @@ small (tens of thousands of messages) so the whole file takes minutes.
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pyarrow.parquet as pq
@@ -16,6 +19,7 @@ import pytest
 
 from runtime.grouping import SCHEMES
 from runtime.operators import table_diff
+from runtime.reporting.phases import PHASES
 from runtime.reporting.report import REQUIRED_KEYS
 from runtime.topology import load_topology
 
@@ -96,7 +100,22 @@ def _run_and_check(spark, topo, out: Path) -> dict:
     diff = table_diff(got, ref.cast(got.schema))  # floats within 1e-9 relative
     assert diff is None, f"result differs from Spark's answer: {diff}"
     assert on_disk["replication"] >= 1.0 - 1e-9
+    _check_phases(on_disk, in_session=True)
     return report
+
+
+def _check_phases(report: dict, *, in_session: bool) -> None:
+    """``phases``: every key, none negative, in order (runtime.reporting.phases)."""
+    ph = report["phases"]
+    assert all(ph[k] >= 0 for k in PHASES), ph
+    assert ph["first_message"] == pytest.approx(ph["startup"] + ph["input"], abs=2e-3), ph
+    assert ph["stream"] == pytest.approx(report["duration_s"], abs=2e-3), ph
+    assert ph["total"] == pytest.approx(
+        ph["startup"] + ph["input"] + ph["stream"] + ph["finish"], abs=5e-3), ph
+    # (run_pipeline alone has no parts yet: its callers add them)
+    assert ph["finish_parts"].get("outputs", 0.0) <= ph["finish"] + 1e-3, ph
+    if in_session:  # a run in a session already up: no start-up of its own
+        assert ph["startup"] == 0.0, ph
 
 
 TOPK = str(ROOT / "examples" / "operators" / "topk.py") + ":TopK"
@@ -245,3 +264,43 @@ def test_operator_raising_mid_run_fails_with_one_line_and_writes_nothing(ray_spa
                                                    "bad record (at ")
     assert "\n" not in str(err)
     assert not out.exists()
+
+
+#: what Spark's JVM, log4j and Ray print on their own (issue 26): never on our console
+NOT_OURS = ("WARN", "ERROR", "gcs_client", "log4j", "NativeCodeLoader", "Progress bars",
+            "setLogLevel", "Dataset ")
+
+
+def test_run_process_is_quiet_and_reports_its_phases(tmp_path) -> None:
+    """A real ``runtime.run`` (its own Ray and Spark): the console has only our
+    lines - Spark's, log4j's and Ray's start-up chatter is in OUT/engine.log -
+    and report.json's ``phases`` cover the whole command, final once it ends."""
+    topo = tmp_path / "t.yaml"
+    topo.write_text("name: quiet\ninput: {format: zipf, messages: 20000, keys: 500}\n"
+                    "sources: 2\nworkers: {count: 2, service_us: 0}\n"
+                    "grouping: {scheme: kg}\nrun: {batch: 1000}\n")
+    out = tmp_path / "out"
+    env = {**os.environ, "RAY_AUTH_MODE": "disabled"}
+    env.pop("RAY_ADDRESS", None)
+    p = subprocess.run([sys.executable, "-m", "runtime.run", str(topo), "--out", str(out),
+                        "--no-progress"], cwd=ROOT, capture_output=True, text=True,
+                       timeout=600, env=env)
+    assert p.returncode == 0, (p.stdout[-2000:], p.stderr[-3000:])
+    console = p.stdout.splitlines() + p.stderr.splitlines()
+    noise = [ln for ln in console if any(w in ln for w in NOT_OURS)]
+    assert not noise, "\n".join(noise)
+    assert p.stderr.splitlines()[0].startswith("ray: ") and str(out / "engine.log") in p.stderr
+    assert (out / "engine.log").exists()
+    assert sorted(f.name for f in out.iterdir()) == [
+        "engine.log", "report.json", "report.png", "result.parquet", "timeseries.csv"]
+    report = json.loads((out / "report.json").read_text())
+    _check_phases(report, in_session=False)
+    ph = report["phases"]
+    assert ph["final"] is True and ph["startup"] > 0, ph
+    parts = ph["finish_parts"]  # the plot is drawn while Spark and Ray shut down
+    assert {"outputs", "plot", "shutdown"} <= set(parts), ph
+    assert parts["outputs"] + max(parts["plot"], parts["shutdown"]) <= ph["finish"] + 1e-2, ph
+    # the summary shows them: the one printed before the plot, then the last line
+    assert "first message at" in p.stdout and "phase: stream" in p.stdout
+    assert p.stdout.splitlines()[-1].startswith("finish "), p.stdout[-500:]
+    assert report["messages"]["input"] == report["messages"]["processed"] == 20000

@@ -157,6 +157,22 @@ class Settings(TypedDict):
     grouping: dict[str, Any]
 
 
+class Phases(TypedDict):
+    """Where the run's wall time went, in seconds (``runtime.reporting.phases``):
+    ``first_message`` is a time since the command's start, the others are
+    durations (``startup + input + stream + finish = total``)."""
+
+    startup: float
+    input: float
+    first_message: float
+    stream: float
+    finish: float
+    total: NotRequired[float]
+    finish_parts: NotRequired[dict[str, float]]  # outputs, plot, shutdown
+    startup_parts: NotRequired[dict[str, float]]  # python, ray, spark (the first run)
+    final: NotRequired[bool]  # False: written before the plot and the shut-down
+
+
 class ResultFile(TypedDict):
     path: str
     rows: int
@@ -190,6 +206,7 @@ class RunReport(TypedDict):
     coordinator: NotRequired[dict[str, Any]]  # schemes with a controller (acg)
     vw_ownership: NotRequired[VwOwnership]  # schemes with virtual workers
     result: NotRequired[ResultFile]
+    phases: NotRequired[Phases]  # every run's report.json has it (``write_run`` checks)
     # the Ray engine's own sections
     aggregator: NotRequired[dict[str, Any]]
     throttle: NotRequired[dict[str, Any]]
@@ -442,6 +459,8 @@ def write_run(
     out = Path(out_dir)
     report = {**report, "result": {"path": "result.parquet", "rows": result.num_rows}}
     validate_report(report)
+    if "phases" not in report:
+        raise ValueError("report is missing keys: phases")
     out.parent.mkdir(parents=True, exist_ok=True)
     stage = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
     try:
@@ -464,6 +483,25 @@ def write_run(
         shutil.rmtree(stage, ignore_errors=True)
         raise
     return out
+
+
+def write_plot(out_dir: str | os.PathLike[str], report: Mapping[str, Any],
+               timeseries: pd.DataFrame | None = None) -> Path:
+    """``report.png`` for a run whose other outputs are written (``write_run``
+    with ``plot=False``: the result first, the plot after); ``timeseries``
+    default: ``timeseries.csv``. Atomic: a reader sees no half-written file."""
+    from runtime.reporting.plots import plot_run
+
+    out = Path(out_dir)
+    ts = timeseries if timeseries is not None else pd.read_csv(out / "timeseries.csv")
+    tmp = out / ".report.png.tmp.png"
+    try:
+        plot_run(dict(report), ts, tmp)
+        os.replace(tmp, out / "report.png")
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    return out / "report.png"
 
 
 def write_result(out_dir: str | os.PathLike[str], result: pa.Table) -> Path:
@@ -503,6 +541,10 @@ def summary_table(report: dict[str, Any]) -> str:
          f"{report['migrations']} / {report['signals']['increase']} / "
          f"{report['signals']['decrease']}"),
     ]
+    if report.get("phases"):
+        from runtime.reporting.phases import summary_rows
+
+        rows += summary_rows(report["phases"])
     width = max(len(r[0]) for r in rows)
     lines = [f"{a:<{width}}  {b}" for a, b in rows]
     lines.append("")

@@ -20,6 +20,7 @@ from typing import Any
 import pandas as pd
 import pyarrow as pa
 
+from runtime.reporting import phases
 from runtime.reporting import report as reporting
 from runtime.reporting.report import write_run
 from runtime.sim.engine import (
@@ -40,10 +41,17 @@ class SimResult:
     timeseries: pd.DataFrame
     result: pa.Table
     engine: EngineResult
+    clock: phases.RunClock | None = None
 
     def write(self, out_dir: str | os.PathLike[str], *, plot: bool = True) -> Path:
-        """``report.json``, ``timeseries.csv``, ``result.parquet``, ``report.png``."""
-        return write_run(out_dir, self.report, self.timeseries, self.result, plot=plot)
+        """``report.json``, ``timeseries.csv``, ``result.parquet``, ``report.png``;
+        the report's ``phases`` then count the writing (``finish_parts.outputs``)."""
+        out = write_run(out_dir, self.report, self.timeseries, self.result, plot=plot)
+        if self.clock is not None:
+            self.clock.part("outputs", self.clock.since_end())
+            self.report["phases"] = self.clock.block(final=True)  # nothing follows
+            phases.rewrite(out, self.report["phases"])
+        return out
 
 
 def params_from_topology(
@@ -85,6 +93,7 @@ def simulate(
     shard_block_rows: int = SHARD_BLOCK_ROWS,
     sim_input: SimInput | None = None,
     progress: Callable[[int], None] | None = None,
+    clock: phases.RunClock | None = None,
 ) -> SimResult:
     """Simulate a topology (object, YAML path or dict, plus ``--set`` overrides).
 
@@ -92,11 +101,13 @@ def simulate(
     real runtime's 65,536; smaller spreads small inputs over every source).
     ``sim_input`` reuses an already loaded stream (e.g. to compare schemes on
     the same input without re-reading it). Raises ``TopologyError`` on bad
-    input (one line naming the field).
+    input (one line naming the field). ``clock``: the run's ``phases`` clock
+    (default: one starting now); the report's ``phases`` are wall time.
     """
     topo = topology if isinstance(topology, Topology) else load_topology(topology, overrides)
     if isinstance(topology, Topology) and overrides:
         raise ValueError("overrides apply to a path or dict, not to a loaded Topology")
+    clock = clock if clock is not None else phases.RunClock.take()
     t0 = time.perf_counter()
     inp = sim_input if sim_input is not None else load_input(topo)
     t_input = time.perf_counter() - t0
@@ -106,7 +117,9 @@ def simulate(
         engine = Engine(params, inp.key_ids, inp.message_hashes(), len(inp.keys), progress)
     except ValueError as e:  # a scheme rejecting its parameters
         raise TopologyError(f"grouping: {e}") from None
+    clock.start(time.time())
     er = engine.run()
+    clock.end(time.time())
     t_engine = time.perf_counter() - t0 - t_input
     m = measurements(er)
     ts = reporting.timeseries(m.series)
@@ -122,7 +135,8 @@ def simulate(
         "events": er.events,
     }
     report["result"] = {"path": "result.parquet", "rows": result.num_rows}
-    return SimResult(report, ts, result, er)
+    report["phases"] = clock.block()  # in wall time (the simulator's stream: simulating)
+    return SimResult(report, ts, result, er, clock)
 
 
 class SimEngine:
@@ -151,6 +165,7 @@ class SimEngine:
         the report's ``sim.input_s`` counts no reading), write the outputs to
         ``out_dir``, return the report. The simulator logs nothing: ``log`` is
         unused."""
+        clock = phases.RunClock.take()  # its input phase: reading the input
         inp = data if data is not None else load_input(topo)
         bar = None
         if progress:
@@ -161,7 +176,7 @@ class SimEngine:
         try:
             res = simulate(topo, ack_delay_ms=self.ack_delay_ms, sim_input=inp,
                            shard_block_rows=self.shard_block_rows,
-                           progress=bar.update if bar is not None else None)
+                           progress=bar.update if bar is not None else None, clock=clock)
         finally:
             if bar is not None:
                 bar.close()
