@@ -729,3 +729,22 @@ def test_readme_shows_the_example_operator_as_it_is() -> None:
     listed = readme[start:readme.index("```", start)]
     source = (ROOT / "examples" / "operators" / "topk.py").read_text()
     assert listed == source[source.index("import heapq"):]
+
+
+def test_an_operator_file_shipped_to_the_cluster_leaves_no_copy_behind(tmp_path) -> None:
+    """The copy of a user's operator file made for Ray's ``py_modules`` goes
+    when the process that made it ends (``hs-operator-*`` directories piled up
+    in the temporary folder before)."""
+    import subprocess
+    import sys
+
+    op = tmp_path / "myop.py"
+    op.write_text("class Op:\n    pass\n")
+    code = ("from runtime.operators.loading import runtime_env_for; import os; "
+            f"p = runtime_env_for('{op}:Op')['py_modules'][0]; "
+            "assert os.path.exists(p); print(p)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True, timeout=60, cwd=Path(__file__).resolve().parent.parent)
+    shipped = Path(out.stdout.strip())
+    assert shipped.name.startswith("_operator_myop_") and shipped.parent.name.startswith("hs-operator-")
+    assert not shipped.parent.exists()

@@ -194,7 +194,7 @@ def _dead_run_processes(out: Path) -> list[tuple[int, float]]:
     from runtime.dataflow.checkpoint import PROCESSES_FILE, checkpoint_dir
 
     data = json.loads((checkpoint_dir(out) / PROCESSES_FILE).read_text())
-    return [(int(p), float(t)) for p, t in data["children"]]
+    return [(int(c[0]), float(c[1])) for c in data["children"]]
 
 
 def test_a_stream_resumes_exactly_after_its_driver_is_killed(tmp_path) -> None:

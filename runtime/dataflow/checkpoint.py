@@ -153,13 +153,14 @@ def record_processes(out_dir: str | os.PathLike[str]) -> None:
     children = []
     for c in me.children(recursive=True):
         try:
-            children.append([c.pid, c.create_time()])
+            children.append([c.pid, c.create_time(), c.cmdline()])
         except psutil.Error:
             continue
     d = checkpoint_dir(out_dir)
     d.mkdir(parents=True, exist_ok=True)
     tmp = d / f".{PROCESSES_FILE}.tmp"
-    tmp.write_text(json.dumps({"driver": [me.pid, me.create_time()], "children": children}))
+    tmp.write_text(json.dumps({"driver": [me.pid, me.create_time(), me.cmdline()],
+                               "children": children}))
     os.replace(tmp, d / PROCESSES_FILE)
 
 
@@ -181,14 +182,20 @@ def discard_unstarted(out_dir: str | os.PathLike[str]) -> None:
     d.rmdir()
 
 
-def _alive(pid: int, created: float) -> Any:
-    """The process if it is still the one recorded (a reused pid is not)."""
+def _alive(pid: int, created: float, cmdline: list[str] | None = None) -> Any:
+    """The process if it is still the one recorded: same start time, same
+    command line, run by this user (a reused pid, or a line someone wrote into
+    the file, is not)."""
     import psutil
 
     try:
         p = psutil.Process(int(pid))
-        return p if abs(p.create_time() - float(created)) < 0.01 else None
-    except psutil.Error:
+        if abs(p.create_time() - float(created)) >= 0.01 or p.uids().real != os.getuid():
+            return None
+        if cmdline is not None and p.cmdline() != list(cmdline):
+            return None
+        return p
+    except (psutil.Error, TypeError, ValueError):
         return None
 
 

@@ -196,6 +196,7 @@ def runtime_env_for(spec: str, base_dir: str | Path = ".") -> dict[str, Any]:
     """Ray ``runtime_env`` fields that bring the operator ``spec``'s code to
     every node: ``{"py_modules": [...]}``, or ``{}`` when nothing needs shipping
     (an installed module). Call after ``load_operator`` succeeded."""
+    import atexit
     import shutil
     import tempfile
 
@@ -204,7 +205,10 @@ def runtime_env_for(spec: str, base_dir: str | Path = ".") -> dict[str, Any]:
     if is_file:
         path = Path(target).expanduser()
         path = (path if path.is_absolute() else base / path).resolve()
-        shipped = Path(tempfile.mkdtemp(prefix="hs-operator-")) / f"{module_name_for(path)}.py"
+        scratch = tempfile.mkdtemp(prefix="hs-operator-")
+        # Ray packs the file when the job starts; the copy goes when this process ends
+        atexit.register(shutil.rmtree, scratch, ignore_errors=True)
+        shipped = Path(scratch) / f"{module_name_for(path)}.py"
         shutil.copyfile(path, shipped)
         return {"py_modules": [str(shipped)]}
     top = target.split(".")[0]

@@ -277,6 +277,7 @@ def test_a_file_that_is_not_a_checkpoint_is_refused(tmp_path) -> None:
 def test_a_dead_drivers_leftover_processes_are_stopped(tmp_path) -> None:
     """A driver that records itself and its child, then dies (SIGKILL): its
     child is what ``stop_leftovers`` stops; nothing else is touched."""
+    import json
     import signal
     import subprocess
     import sys
@@ -300,6 +301,13 @@ def test_a_dead_drivers_leftover_processes_are_stopped(tmp_path) -> None:
         driver.wait(10)
         assert ck.recorded_driver(tmp_path) is None
         assert psutil.pid_exists(orphan)  # the dead driver's child lives on
+        # a line naming another process (its pid and start time, another command
+        # line) is not the dead run's: it is left alone
+        path = ck.checkpoint_dir(tmp_path) / ck.PROCESSES_FILE
+        data = json.loads(path.read_text())
+        me = psutil.Process()
+        data["children"].append([me.pid, me.create_time(), ["not", "what", "runs"]])
+        path.write_text(json.dumps(data))
         assert ck.stop_leftovers(tmp_path) == 1
         assert not psutil.pid_exists(orphan) or psutil.Process(orphan).status() == "zombie"
         assert ck.stop_leftovers(tmp_path) == 0
