@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from runtime.dataflow.recovery import plan_resume
 from runtime.dataflow.reliability import Part, ResumePlan, WorkerLost, peak_rss_mb
 from runtime.dataflow.source import (
     CALL_MESSAGES,
@@ -117,18 +118,20 @@ class RayControl:
             return None
 
     def fence_source(self, source: int, epoch: int, live: Iterable[int]) -> ResumePlan:
-        """Fence ``source``'s older incarnations on every live worker and plan the resume."""
-        from runtime.dataflow.reliability import resume_plan
-
+        """Fence ``source``'s older incarnations on every live worker and plan
+        the resume (``runtime.dataflow.recovery.plan_resume``)."""
+        ray = self._ray
         refs = {w: self.workers[w].fence_source.remote(source, epoch) for w in live}
-        fences = {}
-        for w, ref in refs.items():
+
+        def fence_on(w: int) -> dict[str, Any] | None:
             try:
-                fences[w] = self._ray.get(ref)
-            except self._ray.exceptions.RayActorError:
-                continue  # died meanwhile: its claims died with it (uncommitted)
-        committed = self._ray.get(self.aggregator.committed_claims.remote(source))
-        return resume_plan(fences, committed)
+                return ray.get(refs[w])
+            except ray.exceptions.RayActorError:
+                return None  # died meanwhile: fenced at the aggregator instead
+
+        return plan_resume(refs, fence_on,
+                           lambda w: ray.get(self.aggregator.fence_worker.remote(w)),
+                           lambda: ray.get(self.aggregator.committed_claims.remote(source)))
 
 
 class SourceActor:

@@ -15,13 +15,13 @@ exactly-once bookkeeping itself is ``runtime.dataflow.reliability``):
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from runtime.dataflow.reliability import Entry, ReplayLog, ResumePlan, take
+from runtime.dataflow.reliability import Entry, ReplayLog, ResumePlan, resume_plan, take
 
 
 class Membership:
@@ -199,3 +199,24 @@ class Resume:
         self.stats["skipped_messages"] += n - len(todo)
         self.stats["resent_messages"] += len(todo)
         return todo, kept
+
+
+def plan_resume(live: Iterable[int], fence_on: Callable[[int], dict[str, Any] | None],
+                fence_dead: Callable[[int], Any],
+                committed_claims: Callable[[], dict[str, Any]]) -> ResumePlan:
+    """A restarted source's ``ResumePlan``: fence its older incarnations on
+    every worker in ``live`` (``fence_on(w)``: the worker's claims, or None if
+    it is dead), then read what the aggregator committed.
+
+    A worker found dead is fenced at the aggregator (``fence_dead``) *before*
+    the committed claims are read: a flush it sent before dying may still be on
+    its way, and committed after the plan took it for lost it would count
+    twice what the plan re-sends (the fault explorer found it, seed 8463)."""
+    fences: dict[int, dict[str, Any]] = {}
+    for w in live:
+        answer = fence_on(w)
+        if answer is None:
+            fence_dead(w)
+        else:
+            fences[w] = answer
+    return resume_plan(fences, committed_claims())

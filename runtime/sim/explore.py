@@ -54,7 +54,8 @@ import pyarrow as pa
 
 from runtime.dataflow.aggregator import AggregatorCore
 from runtime.dataflow.messages import Verdict as CommitVerdict
-from runtime.dataflow.reliability import Flush, Part, WorkerLost, resume_plan
+from runtime.dataflow.recovery import plan_resume
+from runtime.dataflow.reliability import Flush, Part, WorkerLost
 from runtime.dataflow.source import SourceCore
 from runtime.dataflow.worker import WorkerCore
 from runtime.grouping import SCHEMES as SCHEME_CLASSES
@@ -377,9 +378,15 @@ class Attempt:
         return {int(w): int(s) for w, s in self.agg.ledger.committed_seq.items()}
 
     def fence_source(self, source: int, epoch: int, live: Sequence[int]) -> Any:
-        fences = {w: self.workers[w].fence_source(source, epoch) for w in live
-                  if w not in self.dead}
-        return resume_plan(fences, self.agg.committed_claims(source))
+        """As ``actors.source.RayControl.fence_source``: a dead worker cannot
+        answer, so it is fenced at the aggregator instead."""
+        def fence_dead(w: int) -> None:
+            self.fenced.add(w)
+            self.agg.fence_worker(w)
+
+        return plan_resume(live, lambda w: None if w in self.dead
+                           else self.workers[w].fence_source(source, epoch),
+                           fence_dead, lambda: self.agg.committed_claims(source))
 
     # ------------------------------------------------------------------ sources
     def _batches(self, s: int) -> Iterator[pa.Table]:

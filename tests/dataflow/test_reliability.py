@@ -365,3 +365,28 @@ def test_a_worker_lost_during_a_resume_pass_gets_its_uncommitted_messages_sent_a
     lost_committed.worker_lost(0, committed_seq=2)  # flush 2 committed before it died
     todo, kept = lost_committed.split(4, records, hashes, 0.0, live={1})
     assert todo.tolist() == [] and [e.worker for e in kept] == [1]
+
+
+def test_a_resume_plan_fences_a_dead_worker_before_it_reads_the_commits() -> None:
+    """A worker that cannot answer the restarted source's fence is fenced at
+    the aggregator first: a flush it sent before dying, committed after the
+    plan was read, would count twice what the plan re-sends (explorer seed
+    8463)."""
+    from runtime.dataflow.recovery import plan_resume
+
+    agg = AggregatorCore({"kind": "wordcount"})
+    late = Flush(1, 1, None, {0: [(0, np.arange(5, dtype=np.int32))]}, {}, 5)
+    calls: list[str] = []
+
+    def fence_dead(w: int) -> None:
+        calls.append(f"fence {w}")
+        agg.fence_worker(w)
+
+    def committed() -> dict:
+        calls.append("claims")
+        return agg.committed_claims(0)
+
+    plan = plan_resume([1], lambda w: None, fence_dead, committed)
+    assert calls == ["fence 1", "claims"]
+    assert agg.commit(late).verdict is Verdict.FENCED  # its late flush can no longer count
+    assert plan.claimed == {}  # so re-sending all of batch 0 counts it once

@@ -29,8 +29,10 @@ def test_every_explored_seed_is_exact() -> None:
 
 #: seeds that found bugs (all fixed): a worker dying during a restarted
 #: source's resume pass lost what it held uncommitted (294, 1609, 1790); WRR
-#: routed to a departed worker and its source waited forever (1224, 1701)
-FOUND_BUGS = [294, 1224, 1609, 1701, 1790]
+#: routed to a departed worker and its source waited forever (1224, 1701); a
+#: dead worker's late flush committed after a restarted source's plan took its
+#: messages for lost: counted twice (8463)
+FOUND_BUGS = [294, 1224, 1609, 1701, 1790, 8463]
 
 
 @pytest.mark.parametrize("seed", FOUND_BUGS)
@@ -50,13 +52,13 @@ def test_a_seed_replays_identically() -> None:
 @pytest.mark.parametrize("mutation", ["no-dedup", "resume-ignores-workers"])
 def test_the_explorer_catches_a_broken_protocol(monkeypatch, mutation) -> None:
     """Break one rule of the exactly-once protocol: some seed must fail."""
-    from runtime.dataflow import reliability
+    from runtime.dataflow import recovery, reliability
     from runtime.dataflow import worker as worker_mod
 
     if mutation == "no-dedup":  # a worker counts a message it already processed
         monkeypatch.setattr(worker_mod, "_new_only", lambda part, claims: part)
     else:  # a restarted source re-sends what live workers processed but did not commit
-        monkeypatch.setattr(explore, "resume_plan",
+        monkeypatch.setattr(recovery, "resume_plan",
                             lambda fences, committed: reliability.resume_plan({}, committed))
     assert any(not explore.explore_one(seed).ok for seed in range(60))
 
