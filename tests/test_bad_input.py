@@ -672,3 +672,27 @@ _override_keys = st.lists(st.sampled_from(["workers", "count", "capacity", "chan
 def test_fuzz_overrides(path: Path, sets: list[tuple[str, str]]) -> None:
     """``--set key.path=value`` with any key path and any text."""
     _one_line_or_valid(lambda: load_topology(path, [f"{k}={v}" for k, v in sets]))
+
+
+def test_a_run_directory_has_the_modes_the_umask_gives(tmp_path: Path) -> None:
+    """One rule for every output: a finite run's directory as any directory the
+    user makes (it was mkdtemp's 0700), a live stream's files as any file."""
+    import os
+    import stat
+
+    import pandas as pd
+
+    from runtime.reporting import report
+    from runtime.sim import simulate
+
+    rep = simulate({"name": "t", "input": {"format": "zipf", "messages": 1000, "keys": 10}}).report
+    old = os.umask(0o022)
+    try:
+        out = report.write_run(tmp_path / "run", rep, pd.DataFrame({"t_s": [0.0]}),
+                               pa.table({"key": ["a"]}), plot=False)
+        live = report.write_result(tmp_path / "live", pa.table({"key": ["a"]}))
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE(out.stat().st_mode) == 0o755
+    assert stat.S_IMODE((out / "report.json").stat().st_mode) == 0o644
+    assert stat.S_IMODE(live.stat().st_mode) == 0o644

@@ -463,6 +463,9 @@ def write_run(
         raise ValueError("report is missing keys: phases")
     out.parent.mkdir(parents=True, exist_ok=True)
     stage = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    # a run directory gets the modes of any directory the user makes (the
+    # umask's), as a live stream's files do - not mkdtemp's private 0700
+    os.chmod(stage, 0o777 & ~_umask())
     try:
         pq.write_table(result, stage / "result.parquet")
         timeseries.to_csv(stage / "timeseries.csv", index=False)
@@ -502,6 +505,12 @@ def write_plot(out_dir: str | os.PathLike[str], report: Mapping[str, Any],
         tmp.unlink(missing_ok=True)
         raise
     return out / "report.png"
+
+
+def _umask() -> int:
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
 
 
 def write_result(out_dir: str | os.PathLike[str], result: pa.Table) -> Path:
