@@ -69,7 +69,7 @@ from typing import Any
 import numpy as np
 
 from runtime.grouping import SCHEMES, Grouping, make_grouping
-from runtime.grouping.acg import FIRST_PLAN_S
+from runtime.grouping.coordination import FIRST_PLAN_S
 from runtime.grouping.signals import LoadSignaler
 from runtime.inputs.input_check import SHARD_BLOCK_ROWS
 from runtime.sim import kernels
