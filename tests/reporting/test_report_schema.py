@@ -12,9 +12,9 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from actors.pipeline import Capacities, measurements
 from runtime.dataflow.latency import LatencyHistogram
 from runtime.reporting import report as report_mod
+from runtime.reporting.cores import Capacities, measurements
 from runtime.sim import simulate, summary
 from runtime.sim.engine import EngineResult, SimParams
 from runtime.sim.kernels import LAT_BINS
