@@ -60,6 +60,8 @@ def test_every_markdown_file_named_in_a_tracked_file_exists() -> None:
     comment or another doc must be in it."""
     bad = []
     for path in tracked(".py", ".md", ".yaml", ".yml", ".toml", ".txt"):
+        if path.resolve() == Path(__file__).resolve():  # this file's examples name missing ones
+            continue
         text = path.read_text(encoding="utf-8", errors="replace")
         bad += [f"{path.relative_to(ROOT)}: {ref}" for ref in missing_md_refs(path, text)]
     assert bad == []

@@ -223,7 +223,7 @@ VALUE_CASES = [
     ("placement: {worker-3: {CPU: 1}, 'worker-٣': {CPU: 1}}\n",
      "placement: 'worker-٣' is not an actor of this topology"),
     ("faults: [{at_s: 1, kill: worker-01}]\n",
-     "faults.0.kill: must name an actor like worker-3 or source-0 (got 'worker-01')"),
+     "faults.0.kill: must name an actor like worker-3, source-0 or aggregator (got 'worker-01')"),
     ("workers: {" + "x" * 1000 + ": 1}\n", "workers." + "x" * 37 + "...: unknown field"),
     ("grouping: {scheme: cg, " + "p" * 1000 + ": 1}\n",
      "grouping." + "p" * 37 + "...: unknown parameter for scheme 'cg'"),
