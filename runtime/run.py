@@ -7,6 +7,12 @@ and the outputs in DIR; bad input -> exit 2 and one line on stderr; Ctrl-C ->
 130. Every throttled worker is resumed and Spark and Ray are shut down on every
 exit path. Nothing of Ray is imported before the input passed its checks
 (``--check`` never loads it).
+
+Once the answer is final, ``result.parquet`` and ``report.json`` are written
+and the summary printed first; ``report.png`` is drawn while Spark and Ray
+shut down, then ``report.json`` gets its final ``phases``
+(``runtime.reporting.phases``: where the run's time went). Spark's, the JVM's
+and Ray's own messages go to ``DIR/engine.log``, named when the run fails.
 """
 
 from __future__ import annotations
