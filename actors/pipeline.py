@@ -33,7 +33,6 @@ the way out, whatever happened.
 
 from __future__ import annotations
 
-import math
 import sys
 import time
 from collections.abc import Callable
@@ -61,7 +60,7 @@ from actors.spark_input import (
 )
 from runtime.dataflow import checkpoint as ckpt_mod
 from runtime.grouping import SCHEMES
-from runtime.inputs.input_check import SHARD_BLOCK_ROWS
+from runtime.inputs.input_check import shard_block_rows
 from runtime.placement import actor_options
 from runtime.reporting import phases as phases_mod
 from runtime.reporting import report as report_mod
@@ -70,18 +69,6 @@ from runtime.reporting.report import write_result, write_run
 from runtime.topology import Topology, TopologyError
 
 POLL_S = 0.25
-
-
-def shard_block_rows(topo: Topology) -> int:
-    """Rows per Ray block when sharding: at least ~4 blocks per source when the
-    input size is known from the topology, so that small inputs are dealt to
-    every source (one big block would leave the other sources empty)."""
-    hint = topo.input.limit
-    if topo.input.generated:
-        hint = min(topo.input.messages, hint or topo.input.messages)
-    if hint is None:
-        return SHARD_BLOCK_ROWS
-    return int(min(SHARD_BLOCK_ROWS, max(1000, math.ceil(hint / (4 * topo.sources)))))
 
 
 def _load_chunk(topo: Topology) -> int | None:

@@ -1,8 +1,9 @@
-"""``python -m runtime.simulate TOPOLOGY.yaml [--out DIR] [--set key.path=value ...]``
+"""``python -m runtime.simulate TOPOLOGY.yaml [--out DIR] [--set key.path=value ...] [--model queueing|cores]``
 
 The discrete-event simulator: the same topology and report schema as
-``runtime.run`` (``"engine": "sim"``), in simulated time. The model is in
-``runtime.sim.engine``; the Python API is ``runtime.sim.simulate``, and
+``runtime.run`` (``"engine": "sim"``), in simulated time. The queueing model
+is in ``runtime.sim.engine``; ``--model cores`` runs the runtime's own cores
+on a virtual clock instead (``runtime.sim.cores``); the Python API is ``runtime.sim.simulate``, and
 ``runtime.sim.SimEngine`` runs it here (simulate, write the outputs).
 Input files are read with pyarrow here (the real runtime reads them through
 Spark); generated streams are identical in both engines.
@@ -17,6 +18,7 @@ from runtime.inputs.input_check import SHARD_BLOCK_ROWS
 from runtime.reporting import phases
 from runtime.reporting.report import default_out_dir, summary_table
 from runtime.sim import SimEngine, SimResult, simulate
+from runtime.sim.api import MODELS
 from runtime.sim.engine import DEFAULT_ACK_DELAY_MS
 
 __all__ = ["SimResult", "main", "simulate"]
@@ -31,6 +33,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--shard-block-rows", type=int, default=SHARD_BLOCK_ROWS,
                    help="stream blocks dealt round-robin to the sources (default "
                         f"{SHARD_BLOCK_ROWS:,}, as the real runtime)")
+    p.add_argument("--model", choices=MODELS, default="queueing",
+                   help="queueing: the discrete-event queueing model (default); cores: the "
+                        "runtime's own source, worker and aggregator cores on a virtual "
+                        "clock (docs/benchmarks.md, 'The simulator over the cores')")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--no-plot", action="store_true", help="skip report.png")
     args = p.parse_args(argv)
@@ -38,7 +44,7 @@ def main(argv: list[str] | None = None) -> int:
     phases.engine_ready()  # the simulator is up once imported
     topo = load_or_exit(args.topology, args.overrides)
     engine = SimEngine(ack_delay_ms=args.ack_delay_ms, shard_block_rows=args.shard_block_rows,
-                       plot=not args.no_plot)
+                       plot=not args.no_plot, model=args.model)
     out = args.out or default_out_dir(topo.name)
     t0 = time.perf_counter()
     report = engine.run(topo, out, progress=not args.no_progress)

@@ -163,7 +163,7 @@ def main() -> int:
                           "columns": columns}) if columns else None
 
     from actors.engine import RayEngine
-    from actors.pipeline import shard_block_rows
+    from runtime.inputs.input_check import shard_block_rows
     from actors.spark_input import to_ray_shards
 
     rows = []

@@ -536,6 +536,10 @@ class WorkerCore:
         with self._proc_lock:
             return self.claims.fence(source, epoch)
 
+    def pending(self) -> int:
+        """Calls waiting in the queue (not the one in service)."""
+        return self._queue.qsize()
+
     def run_forever(self) -> None:
         """The processing thread: drain FIFO until ``stop()``. If it dies, every
         queued (and later) batch fails with the error instead of waiting forever."""

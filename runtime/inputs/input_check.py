@@ -307,3 +307,15 @@ def check_app(topo: Topology) -> Any:
             except ValueError as e:
                 raise TopologyError(str(e)) from None
     return op
+
+
+def shard_block_rows(topo: Topology) -> int:
+    """Rows per Ray block when sharding: at least ~4 blocks per source when the
+    input size is known from the topology, so that small inputs are dealt to
+    every source (one big block would leave the other sources empty)."""
+    hint = topo.input.limit
+    if topo.input.generated:
+        hint = min(topo.input.messages, hint or topo.input.messages)
+    if hint is None:
+        return SHARD_BLOCK_ROWS
+    return int(min(SHARD_BLOCK_ROWS, max(1000, math.ceil(hint / (4 * topo.sources)))))

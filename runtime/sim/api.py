@@ -40,7 +40,7 @@ class SimResult:
     report: dict[str, Any]
     timeseries: pd.DataFrame
     result: pa.Table
-    engine: EngineResult
+    engine: EngineResult | None  # the queueing model's raw result (None: over the cores)
     clock: phases.RunClock | None = None
 
     def write(self, out_dir: str | os.PathLike[str], *, plot: bool = True) -> Path:
@@ -94,8 +94,14 @@ def simulate(
     sim_input: SimInput | None = None,
     progress: Callable[[int], None] | None = None,
     clock: phases.RunClock | None = None,
+    model: str = "queueing",
 ) -> SimResult:
     """Simulate a topology (object, YAML path or dict, plus ``--set`` overrides).
+
+    ``model``: ``"queueing"`` (``runtime.sim.engine``, the default) or
+    ``"cores"`` (``runtime.sim.cores``: the runtime's own source, worker and
+    aggregator cores on a virtual clock; ``ack_delay_ms``, ``shard_block_rows``
+    and ``progress`` are the queueing model's).
 
     ``shard_block_rows``: stream blocks dealt round-robin to the sources (the
     real runtime's 65,536; smaller spreads small inputs over every source).
@@ -111,6 +117,10 @@ def simulate(
     t0 = time.perf_counter()
     inp = sim_input if sim_input is not None else load_input(topo)
     t_input = time.perf_counter() - t0
+    if model not in MODELS:
+        raise TopologyError(f"--model: one of {', '.join(MODELS)} (got {model!r})")
+    if model == "cores":
+        return _over_the_cores(topo, inp, clock, t0, t_input)
     params = params_from_topology(topo, ack_delay_ms=ack_delay_ms,
                                   shard_block_rows=shard_block_rows)
     try:
@@ -128,6 +138,7 @@ def simulate(
     wall = time.perf_counter() - t0
     report["input"] = inp.description
     report["sim"] = {
+        "model": "queueing",
         "wall_s": wall,
         "input_s": t_input,
         "engine_s": t_engine,
@@ -139,6 +150,37 @@ def simulate(
     return SimResult(report, ts, result, er, clock)
 
 
+#: the simulator's models (``simulate``'s ``model``)
+MODELS = ("queueing", "cores")
+
+
+def _over_the_cores(topo: Topology, inp: SimInput, clock: phases.RunClock, t0: float,
+                    t_input: float) -> SimResult:
+    from runtime.sim.cores import simulate_cores
+
+    clock.start(time.time())
+    try:
+        m, result, agg_stats = simulate_cores(topo, inp)
+    except ValueError as e:  # a scheme rejecting its parameters
+        raise TopologyError(f"grouping: {e}") from None
+    clock.end(time.time())
+    t_engine = time.perf_counter() - t0 - t_input
+    report: dict[str, Any] = dict(reporting.build_report(topo, m))
+    wall = time.perf_counter() - t0
+    report["input"] = inp.description
+    report["aggregator"] = {k: v for k, v in agg_stats.items() if k != "peak_rss_mb"}
+    report["sim"] = {
+        "model": "cores",
+        "wall_s": wall,
+        "input_s": t_input,
+        "engine_s": t_engine,
+        "simulated_msgs_per_wall_s": inp.n / wall if wall > 0 else 0.0,
+    }
+    report["result"] = {"path": "result.parquet", "rows": result.num_rows}
+    report["phases"] = clock.block()
+    return SimResult(report, reporting.timeseries(m.series), result, None, clock)
+
+
 class SimEngine:
     """The simulator behind ``runtime.engine.Engine``: ``run`` simulates a
     topology, writes its outputs and returns the report.
@@ -148,10 +190,12 @@ class SimEngine:
     """
 
     def __init__(self, *, ack_delay_ms: float = DEFAULT_ACK_DELAY_MS,
-                 shard_block_rows: int = SHARD_BLOCK_ROWS, plot: bool = True) -> None:
+                 shard_block_rows: int = SHARD_BLOCK_ROWS, plot: bool = True,
+                 model: str = "queueing") -> None:
         self.ack_delay_ms = ack_delay_ms
         self.shard_block_rows = shard_block_rows
         self.plot = plot
+        self.model = model
 
     @contextlib.contextmanager
     def shared_input(self, topo: Topology) -> Iterator[SimInput]:
@@ -176,7 +220,8 @@ class SimEngine:
         try:
             res = simulate(topo, ack_delay_ms=self.ack_delay_ms, sim_input=inp,
                            shard_block_rows=self.shard_block_rows,
-                           progress=bar.update if bar is not None else None, clock=clock)
+                           progress=bar.update if bar is not None else None, clock=clock,
+                           model=self.model)
         finally:
             if bar is not None:
                 bar.close()

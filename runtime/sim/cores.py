@@ -1,0 +1,338 @@
+"""The simulator over the runtime's own cores: ``SourceCore``, ``WorkerCore``
+and ``AggregatorCore`` (``runtime.dataflow``) - the very code the Ray actors
+run, with their outboxes, call coalescing, linger, steps, replay logs and
+commits - on a virtual clock instead of wall time, with in-process calls
+instead of Ray's.
+
+``python -m runtime.simulate TOPOLOGY --engine cores`` (the default stays the
+queueing model of ``runtime.sim.engine`` until the two have been compared
+side by side on the real engine's topologies).
+
+How time passes (``VirtualTime``): every source and every worker is a thread,
+but exactly one runs at a time, and only blocking moves the clock. A thread
+blocks by sleeping (a worker's emulated service time; the CPU a source spends
+routing and sending, ``ROUTE_S_PER_MESSAGE`` and ``SEND_S_PER_CALL``) or by
+waiting for a condition (a source for acks, a worker for work) with an
+optional time-out. When the running thread blocks, the next to run is the
+first blocked thread (in blocking order) whose condition now holds; if none
+does, the clock jumps to the earliest wake-up. So sources and workers run in
+parallel in virtual time, each as its own process would, and a run is a
+function of its topology and seed: the same report numbers, every time.
+
+What it models as the real engine does: everything inside the cores.
+Throttling is modelled as service time scaled by the capacity of the moment
+(every ``workers.throttle`` mechanism, as the queueing model does); a call
+from a source reaches its worker at once and an ack its source at once (the
+CPU a call costs the source is modelled, Ray's network is not).
+"""
+
+from __future__ import annotations
+
+import functools
+import itertools
+import math
+import threading
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from runtime.dataflow.aggregator import AggregatorCore
+from runtime.dataflow.reliability import Flush, Part
+from runtime.dataflow.source import SourceCore
+from runtime.dataflow.worker import WorkerCore
+from runtime.grouping import SCHEMES, make_grouping
+from runtime.inputs.input_check import shard_block_rows
+from runtime.operators import WorkerApp, operator_for_app
+from runtime.reporting import report as report_mod
+from runtime.reporting.cores import Capacities, measurements
+from runtime.sim.inputs import SimInput
+from runtime.topology import Topology
+
+#: a source's CPU per message routed (hash, route, split, queue), measured
+#: outside Ray on this project's machines (docs/benchmarks.md, "steps")
+ROUTE_S_PER_MESSAGE = 130e-9
+#: a source's CPU per actor call (Ray's argument preparation and submission:
+#: 320-610 us measured, docs/benchmarks.md)
+SEND_S_PER_CALL = 400e-6
+#: the clock starts here (a wall-clock-like number: the cores add seconds to it)
+T0 = 1_000_000.0
+
+
+class Deadlock(RuntimeError):
+    """Every thread waits for a condition that no other thread can make true."""
+
+
+class VirtualTime:
+    """Threads taking turns on one virtual clock (see the module docstring)."""
+
+    def __init__(self, t0: float = T0) -> None:
+        self.now = t0
+        self._cv = threading.Condition()
+        self._running: str | None = None
+        self._blocked: dict[str, tuple[float, int, Callable[[], bool] | None]] = {}
+        self._order = itertools.count()
+        self._local = threading.local()
+        self._threads: list[threading.Thread] = []
+        self.error: BaseException | None = None
+
+    def clock(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self._block(self.now + max(0.0, float(seconds)), None)
+
+    def wait_until(self, ready: Callable[[], bool], timeout: float | None = None) -> bool:
+        """Block until ``ready()`` (True) or ``timeout`` virtual seconds (its value)."""
+        if ready():
+            return True
+        if timeout is not None and timeout <= 0:
+            return False
+        self._block(math.inf if timeout is None else self.now + timeout, ready)
+        return ready()
+
+    def spawn(self, name: str, fn: Callable[[], Any]) -> None:
+        def body() -> None:
+            self._local.name = name
+            with self._cv:
+                self._cv.wait_for(lambda: self._running == name)
+            try:
+                if self.error is None:
+                    fn()
+            except BaseException as e:  # noqa: BLE001 - the run reports the first one
+                if self.error is None:
+                    self.error = e
+            finally:
+                with self._cv:
+                    self._next()
+
+        with self._cv:
+            self._blocked[name] = (self.now, next(self._order), None)
+        t = threading.Thread(target=body, name=name, daemon=True)
+        self._threads.append(t)
+        t.start()
+
+    def run(self) -> None:
+        """Run every spawned thread to its end; raise the first error."""
+        with self._cv:
+            self._next()
+        for t in self._threads:
+            t.join()
+        if self.error is not None:
+            raise self.error
+
+    def _block(self, wake: float, ready: Callable[[], bool] | None) -> None:
+        if self.error is not None:
+            raise _Stop()
+        me = self._local.name
+        with self._cv:
+            self._blocked[me] = (wake, next(self._order), ready)
+            self._next()
+            self._cv.wait_for(lambda: self._running == me)
+        if self.error is not None:
+            raise _Stop()
+
+    def _next(self) -> None:
+        """Pick who runs next (the caller holds the lock)."""
+        pick = None
+        for name, (_, _, ready) in sorted(self._blocked.items(), key=lambda x: x[1][1]):
+            if ready is not None and (self.error is not None or ready()):
+                pick = name
+                break
+        if pick is None and self._blocked:
+            pick, (wake, _, _) = min(self._blocked.items(), key=lambda x: x[1][:2])
+            if math.isinf(wake):
+                if self.error is None:
+                    self.error = Deadlock(f"every thread waits: {sorted(self._blocked)}")
+            else:
+                self.now = max(self.now, wake)
+        if pick is not None:
+            del self._blocked[pick]
+        self._running = pick
+        self._cv.notify_all()
+
+
+class _Stop(BaseException):
+    """Another thread failed: this one unwinds."""
+
+
+class _Transport:
+    """A source's calls, in-process: ``send`` queues a call at its worker (the
+    source pays ``SEND_S_PER_CALL``); ``wait`` blocks until one is acked."""
+
+    def __init__(self, vt: VirtualTime, workers: Sequence[WorkerCore], source: int) -> None:
+        self.vt, self.workers, self.source = vt, workers, source
+        self.calls: dict[int, Any] = {}
+        self._tokens = itertools.count()
+
+    def send(self, worker: int, parts: list[Part]) -> int:
+        self.vt.sleep(SEND_S_PER_CALL)
+        tok = next(self._tokens)
+        self.calls[tok] = self.workers[worker].enqueue(self.source, parts)
+        return tok
+
+    def wait(self, tokens: Sequence[int], timeout: float | None) -> list[tuple[int, Any]]:
+        def done() -> list[int]:
+            return [t for t in tokens if self.calls[t].done.is_set()]
+
+        self.vt.wait_until(lambda: bool(done()), timeout)
+        return [(t, self.calls.pop(t).ack) for t in done()]
+
+
+class _Control:
+    """``runtime.dataflow.source.Control`` in-process: the aggregator and the
+    workers called directly (no failures are simulated here)."""
+
+    def __init__(self, agg: AggregatorCore, workers: Sequence[WorkerCore]) -> None:
+        self.agg, self.workers = agg, workers
+        self.tables: dict[int, Any] = {}
+
+    def fence_worker(self, worker: int, source: int) -> tuple[int, list[Any]]:
+        return self.agg.fence_for_source(worker, source)
+
+    def commit(self, workers: Sequence[int]) -> dict[int, Any]:
+        return {w: self.workers[w].wait_committed(self.workers[w].flush_now(), 0)
+                for w in workers}
+
+    def report_routed(self, source: int, report: dict[str, Any]) -> None:
+        self.tables[source] = self.agg.report_routed(source, report)
+
+    def poll_table(self, source: int) -> Any:
+        return self.tables.pop(source, None)
+
+    def committed(self) -> dict[int, int]:
+        return {int(w): int(s) for w, s in self.agg.ledger.committed_seq.items()}
+
+
+class _SourceControl:
+    def __init__(self, control: _Control, source: int) -> None:
+        self.c, self.source = control, source
+
+    def fence_worker(self, worker: int, source: int) -> tuple[int, list[Any]]:
+        return self.c.fence_worker(worker, source)
+
+    def commit(self, workers: Sequence[int]) -> dict[int, Any]:
+        return self.c.commit(workers)
+
+    def report_routed(self, source: int, report: dict[str, Any]) -> None:
+        self.c.report_routed(source, report)
+
+    def poll_table(self, timeout: float | None = 0.0) -> Any:
+        return self.c.poll_table(self.source)
+
+    def committed(self) -> dict[int, int]:
+        return self.c.committed()
+
+
+def _shards(inp: SimInput, sources: int, batch: int, block_rows: int) -> list[list[np.ndarray]]:
+    """As the real runtime shards its input (``actors.spark_input.to_ray_shards``):
+    blocks of ``block_rows`` messages dealt round-robin to the sources; each
+    source reads its blocks in order, in batches of ``batch`` (the message
+    indices of each batch)."""
+    blocks = [np.arange(lo, min(lo + block_rows, inp.n)) for lo in range(0, inp.n, block_rows)]
+    out = []
+    for s in range(sources):
+        mine = blocks[s::sources]
+        rows = np.concatenate(mine) if mine else np.zeros(0, dtype=np.int64)
+        out.append([rows[lo:lo + batch] for lo in range(0, len(rows), batch)])
+    return out
+
+
+def simulate_cores(topo: Topology, inp: SimInput) -> tuple[report_mod.RunMeasurements, pa.Table,
+                                                           dict[str, Any]]:
+    """Run ``topo`` over ``inp`` on the cores; the measurements, the result
+    table and the aggregator's statistics."""
+    vt = VirtualTime()
+    run, wspec = topo.run, topo.workers
+    caps = Capacities(topo)
+    n = topo.workers.total_count
+    params = topo.grouping_params()
+    scheme = SCHEMES[topo.grouping.scheme]
+    coordinator = (scheme.coordinator(n, params, alive=range(n), sources=topo.sources)
+                   if scheme.coordinated else None)
+    app = topo.app.model_dump()
+    agg = AggregatorCore(app, topo.base_dir, coordinator=coordinator, clock=vt.clock)
+    qcap = min(wspec.queue_batches, topo.sources * run.max_inflight)
+    workers: list[WorkerCore] = []
+
+    def sink(w: int) -> Callable[[Flush], None]:
+        def commit(flush: Flush) -> None:
+            answer = agg.commit(flush)
+            workers[w].on_table(answer.table)
+            workers[w].on_committed(answer.committed_seq)
+        return commit
+
+    t0 = vt.now
+    for w in range(n):
+        workers.append(WorkerCore(
+            w, WorkerApp(operator_for_app(app, topo.base_dir)), service_us=wspec.service_us,
+            capacity=caps.initial[w], throttle="service", queue_batches=1 << 20,
+            queue_capacity_batches=qcap, slot_s=run.slot_s,
+            signals=scheme.worker_signals(params), aggregate_every_s=topo.app.aggregate_every_s,
+            sink=sink(w), t0=t0, clock=vt.clock, sleep=vt.sleep,
+            report_every_s=coordinator.epoch_s if coordinator is not None else None))
+    for core in workers:  # virtual time needs no slicing: one sleep per call
+        core.service.slice_s = math.inf
+    agg.start_run(t0)
+    control = _Control(agg, workers)
+    shards = _shards(inp, topo.sources, run.batch, shard_block_rows(topo))
+    cores = [SourceCore(
+        s, make_grouping(topo.grouping.scheme, n, seed=run.seed + s, clock=vt.clock, **params),
+        _Transport(vt, workers, s), n_workers=n, max_inflight=run.max_inflight,
+        call_messages=run.call_messages, linger_s=run.linger_ms / 1000,
+        behind_linger_s=run.behind_linger_ms / 1000, rate_per_source=run.rate / topo.sources,
+        vw_every_s=run.slot_s, clock=vt.clock, sleep=vt.sleep, t0=t0,
+        control=_SourceControl(control, s), capacities=caps.initial,
+        capacity_changes=caps.changes,
+        report_every_s=coordinator.epoch_s if coordinator is not None else 1.0)
+        for s in range(topo.sources)]
+    stats: list[dict[str, Any]] = [{} for _ in cores]
+    running = [len(cores)]
+
+    def source(s: int) -> None:
+        core = cores[s]
+        routed = [0]
+        send_step = core.send_step
+
+        def paid_step(batches: Any, idx: Any = None) -> None:  # the routing CPU, in virtual time
+            send_step(batches, idx)
+            vt.sleep((core.routed - routed[0]) * ROUTE_S_PER_MESSAGE)
+            routed[0] = core.routed
+
+        core.send_step = paid_step  # type: ignore[method-assign]
+        stats[s] = core.run(pa.Table.from_batches([inp.records(idx)]) for idx in shards[s])
+        stats[s].update(source=s, end_ts=core.acks_done_ts or vt.now, epoch=0, failures=[])
+        running[0] -= 1
+
+    def worker(w: int) -> None:
+        core = workers[w]
+        while True:
+            vt.wait_until(lambda: core.pending() > 0 or running[0] == 0,
+                          topo.app.aggregate_every_s)
+            if core.pending() == 0 and running[0] == 0:
+                return
+            core.step(timeout=0)
+
+    def capacity_changes() -> None:
+        for at_s, w, c in caps.changes:
+            vt.sleep(t0 + at_s - vt.now)
+            workers[w].set_capacity(c)
+
+    for s in range(len(cores)):
+        vt.spawn(f"source-{s}", functools.partial(source, s))
+    for w in range(n):
+        vt.spawn(f"worker-{w}", functools.partial(worker, w))
+    if caps.changes:
+        vt.spawn("capacities", capacity_changes)
+    wall = time.time()
+    vt.run()
+    worker_stats = [core.finish() for core in workers]
+    result = agg.result()
+    agg_stats = agg.stats()
+    duration_s = max(max(s["end_ts"] for s in stats) - t0, 1e-9)
+    measured = measurements(topo, caps, inp.n, duration_s, 0.0, stats, worker_stats, result,
+                            agg_stats, engine="sim")
+    agg_stats["simulated_in_s"] = time.time() - wall
+    return measured, result, agg_stats

@@ -1,0 +1,113 @@
+"""The simulator over the runtime's own cores (runtime.sim.cores): its
+virtual clock, and runs that are exact, deterministic and follow the
+configured capacities."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from runtime.sim import simulate
+from runtime.sim.cores import Deadlock, VirtualTime
+
+
+def test_threads_sleeping_at_once_take_the_longest_sleep_not_the_sum() -> None:
+    vt = VirtualTime(t0=0.0)
+    woke: list[tuple[str, float]] = []
+
+    def sleeper(name: str, s: float) -> None:
+        vt.sleep(s)
+        woke.append((name, vt.now))
+
+    vt.spawn("a", lambda: sleeper("a", 2.0))
+    vt.spawn("b", lambda: sleeper("b", 0.5))
+    vt.run()
+    assert woke == [("b", 0.5), ("a", 2.0)]
+
+
+def test_a_waiter_wakes_when_another_thread_makes_its_condition_true() -> None:
+    vt = VirtualTime(t0=0.0)
+    flag = threading.Event()
+    seen: list[tuple[bool, float]] = []
+
+    def waiter() -> None:
+        seen.append((vt.wait_until(flag.is_set, timeout=10.0), vt.now))
+        seen.append((vt.wait_until(lambda: False, timeout=1.0), vt.now))  # times out
+
+    def setter() -> None:
+        vt.sleep(3.0)
+        flag.set()
+
+    vt.spawn("waiter", waiter)
+    vt.spawn("setter", setter)
+    vt.run()
+    assert seen == [(True, 3.0), (False, 4.0)]
+
+
+def test_a_deadlock_is_an_error_not_a_hang() -> None:
+    vt = VirtualTime(t0=0.0)
+    vt.spawn("stuck", lambda: vt.wait_until(lambda: False))
+    with pytest.raises(Deadlock):
+        vt.run()
+
+
+def _topology(scheme: str, **over) -> dict:
+    topo = {
+        "name": f"cores-{scheme}",
+        "input": {"format": "evolving-zipf", "messages": 30_000, "keys": 2_000, "skew": 1.0,
+                  "seed": 2, "shift_every": 10_000},
+        "sources": 2,
+        "workers": {"count": 4, "capacity": [1, 1, 0.5, 0.25], "service_us": 100},
+        "grouping": {"scheme": scheme},
+        "app": {"kind": "wordcount", "aggregate_every_s": 0.5},
+        "run": {"batch": 500},
+    }
+    for k, v in over.items():
+        topo[k] = {**topo.get(k, {}), **v} if isinstance(v, dict) else v
+    return topo
+
+
+def _numbers(report: dict) -> dict:
+    """What must not change between two runs of one topology and seed (wall
+    time and phases do)."""
+    keep = ("messages", "duration_s", "throughput_msgs_per_s", "latency_ms", "imbalance",
+            "replication", "migrations", "signals", "workers", "capacity_efficiency")
+    return {k: report[k] for k in keep}
+
+
+@pytest.mark.parametrize("scheme", ["kg", "pkg", "cg", "acg", "fish", "wrr"])
+def test_a_run_over_the_cores_is_exact_and_deterministic(scheme: str) -> None:
+    exact = simulate(_topology(scheme))  # the queueing model's answer is the exact count
+    a = simulate(_topology(scheme), model="cores")
+    b = simulate(_topology(scheme), model="cores")
+    assert a.report["engine"] == "sim" and a.report["sim"]["model"] == "cores"
+    assert a.result.sort_by("key").equals(exact.result.sort_by("key"))
+    assert a.report["messages"] == {"input": 30_000, "processed": 30_000}
+    assert _numbers(a.report) == _numbers(b.report)
+    assert a.result.equals(b.result)
+
+
+def test_aggregates_with_nulls_over_the_cores_equal_the_exact_answer() -> None:
+    """A generated stream's ``amount`` column has nulls (~5%), carried to the
+    workers as records; keys split by acg."""
+    topo = _topology("acg", app={"kind": "aggregate", "value": "amount",
+                                 "aggs": ["count", "sum", "min", "max", "mean"]},
+                     input={"format": "zipf", "messages": 20_000, "keys": 500, "seed": 4})
+    from runtime.operators import table_diff
+
+    exact = simulate(topo)
+    got = simulate(topo, model="cores")
+    assert table_diff(got.result, exact.result) is None
+
+
+def test_the_workers_follow_their_capacities() -> None:
+    """wrr, told the capacities, gives each worker its share; a saturated run
+    takes the time the capacities predict (the cores' own service emulation
+    on the virtual clock)."""
+    res = simulate(_topology("wrr"), model="cores")
+    processed = [w["processed"] for w in res.report["workers"]]
+    shares = [p / 30_000 for p in processed]
+    for got, want in zip(shares, [1 / 2.75, 1 / 2.75, 0.5 / 2.75, 0.25 / 2.75], strict=True):
+        assert abs(got - want) < 0.01, shares
+    assert res.report["capacity_efficiency"] > 0.95
