@@ -163,8 +163,8 @@ def main() -> int:
                           "columns": columns}) if columns else None
 
     from actors.engine import RayEngine
-    from runtime.inputs.input_check import shard_block_rows
     from actors.spark_input import to_ray_shards
+    from runtime.inputs.input_check import shard_block_rows
 
     rows = []
     with contextlib.ExitStack() as session:
