@@ -66,13 +66,17 @@ class Deadlock(RuntimeError):
 
 
 class VirtualTime:
-    """Threads taking turns on one virtual clock (see the module docstring)."""
+    """Threads taking turns on one virtual clock (see the module docstring).
+    The running thread hands over to the next by setting that thread's own
+    event (one wake-up per turn, not one per thread)."""
 
     def __init__(self, t0: float = T0) -> None:
         self.now = t0
-        self._cv = threading.Condition()
-        self._running: str | None = None
+        self._lock = threading.Lock()
+        #: blocked threads in blocking order (a dict keeps insertion order):
+        #: name -> (wake-up time, order, condition or None)
         self._blocked: dict[str, tuple[float, int, Callable[[], bool] | None]] = {}
+        self._turn: dict[str, threading.Event] = {}
         self._order = itertools.count()
         self._local = threading.local()
         self._threads: list[threading.Thread] = []
@@ -94,10 +98,12 @@ class VirtualTime:
         return ready()
 
     def spawn(self, name: str, fn: Callable[[], Any]) -> None:
+        turn = self._turn[name] = threading.Event()
+
         def body() -> None:
             self._local.name = name
-            with self._cv:
-                self._cv.wait_for(lambda: self._running == name)
+            turn.wait()
+            turn.clear()
             try:
                 if self.error is None:
                     fn()
@@ -105,10 +111,10 @@ class VirtualTime:
                 if self.error is None:
                     self.error = e
             finally:
-                with self._cv:
+                with self._lock:
                     self._next()
 
-        with self._cv:
+        with self._lock:
             self._blocked[name] = (self.now, next(self._order), None)
         t = threading.Thread(target=body, name=name, daemon=True)
         self._threads.append(t)
@@ -116,7 +122,7 @@ class VirtualTime:
 
     def run(self) -> None:
         """Run every spawned thread to its end; raise the first error."""
-        with self._cv:
+        with self._lock:
             self._next()
         for t in self._threads:
             t.join()
@@ -127,17 +133,20 @@ class VirtualTime:
         if self.error is not None:
             raise _Stop()
         me = self._local.name
-        with self._cv:
+        turn = self._turn[me]
+        with self._lock:
             self._blocked[me] = (wake, next(self._order), ready)
             self._next()
-            self._cv.wait_for(lambda: self._running == me)
+        turn.wait()
+        turn.clear()
         if self.error is not None:
             raise _Stop()
 
     def _next(self) -> None:
-        """Pick who runs next (the caller holds the lock)."""
+        """Pick who runs next and wake it (the caller holds the lock): the
+        first blocked thread whose condition holds, else the earliest wake-up."""
         pick = None
-        for name, (_, _, ready) in sorted(self._blocked.items(), key=lambda x: x[1][1]):
+        for name, (_, _, ready) in self._blocked.items():
             if ready is not None and (self.error is not None or ready()):
                 pick = name
                 break
@@ -150,8 +159,7 @@ class VirtualTime:
                 self.now = max(self.now, wake)
         if pick is not None:
             del self._blocked[pick]
-        self._running = pick
-        self._cv.notify_all()
+            self._turn[pick].set()
 
 
 class _Stop(BaseException):
