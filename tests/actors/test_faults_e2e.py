@@ -83,12 +83,14 @@ def test_worker_and_source_kill_is_exact(ray_spark, tmp_path, scheme) -> None:
         # killed when due, then detected, then recovered (in that order)
         assert f["at_s"] <= f["killed_s"] <= f["detected_s"] <= f["recovered_s"], f
     assert f_worker["actor"] == "worker-3" and f_worker["replayed_messages"] > 0
-    # the restarted source re-reads at least the last batch its dead incarnation
-    # sent (a batch is sent with a commit watermark at or below its own index), and
-    # each re-read batch is either skipped (processed) or re-sent, message by message
-    assert f_source["actor"] == "source-1" and f_source["replayed_batches"] > 0
-    assert 0 < (f_source["replayed_messages"] + f_source["skipped_messages"]
-                <= topo.run.batch * f_source["replayed_batches"]), f_source
+    # each batch the restarted source re-reads (those its dead incarnation may have
+    # sent that are not wholly committed) is skipped (processed) or re-sent, message
+    # by message; none at all when everything it had sent was committed before it
+    # died (a loaded machine can hold a source back that long: seen in CI, fish)
+    assert f_source["actor"] == "source-1"
+    reread = f_source["replayed_messages"] + f_source["skipped_messages"]
+    assert (reread > 0) == (f_source["replayed_batches"] > 0), f_source
+    assert reread <= topo.run.batch * f_source["replayed_batches"], f_source
     assert report["dead_workers"] == [3] and report["workers"][3]["dead"]
     assert report["source_restarts"] == [{"source": 1, "epoch": 1}]
     assert report["aggregator"]["fenced_workers"] == [3]
