@@ -24,7 +24,7 @@ MD_LINK = re.compile(r"\]\(([^)\s#]+\.md)(?:#[^)]*)?\)")
 
 def _is_doc_citation(ref: str, path: Path) -> bool:
     """A path into the repository (``docs/x.md``, ``../README.md``) or a
-    document's conventional upper-case name (``DESIGN.md``) - not a file a
+    document's conventional upper-case name (``CHANGES.md``) - not a file a
     tool writes (``compare.md``, ``DIR/grid.md``, ``out/x.md``)."""
     if "/" in ref:
         first = ref.split("/", 1)[0]
@@ -69,8 +69,8 @@ def test_every_markdown_file_named_in_a_tracked_file_exists() -> None:
 
 def test_the_reference_check_can_fail(tmp_path: Path) -> None:
     doc = tmp_path / "doc.md"
-    assert missing_md_refs(doc, "see DESIGN.md and docs/nowhere.md, docs/design.md") == [
-        "DESIGN.md", "docs/nowhere.md"]
+    assert missing_md_refs(doc, "see NOTES.md and docs/nowhere.md, docs/design.md") == [
+        "NOTES.md", "docs/nowhere.md"]
     assert missing_md_refs(doc, "[a](gone.md) [b](https://x.org/a.md) https://x.org/README.md "
                                 "writes DIR/compare.md and grid.md") == ["gone.md"]
     assert missing_md_refs(ROOT / "docs" / "x.md", "[algorithms](algorithms.md#metrics)") == []

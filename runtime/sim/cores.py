@@ -190,12 +190,12 @@ class _Transport:
 
 
 class _Control:
-    """``runtime.dataflow.source.Control`` in-process: the aggregator and the
-    workers called directly (no failures are simulated here)."""
+    """``runtime.dataflow.source.Control`` for one source, in-process: the
+    aggregator and the workers called directly (no failures are simulated)."""
 
-    def __init__(self, agg: AggregatorCore, workers: Sequence[WorkerCore]) -> None:
-        self.agg, self.workers = agg, workers
-        self.tables: dict[int, Any] = {}
+    def __init__(self, agg: AggregatorCore, workers: Sequence[WorkerCore], source: int) -> None:
+        self.agg, self.workers, self.source = agg, workers, source
+        self.table: Any = None  # the answer to this source's last load report
 
     def fence_worker(self, worker: int, source: int) -> tuple[int, list[Any]]:
         return self.agg.fence_for_source(worker, source)
@@ -205,33 +205,14 @@ class _Control:
                 for w in workers}
 
     def report_routed(self, source: int, report: dict[str, Any]) -> None:
-        self.tables[source] = self.agg.report_routed(source, report)
+        self.table = self.agg.report_routed(source, report)
 
-    def poll_table(self, source: int) -> Any:
-        return self.tables.pop(source, None)
+    def poll_table(self, timeout: float | None = 0.0) -> Any:
+        table, self.table = self.table, None
+        return table
 
     def committed(self) -> dict[int, int]:
         return {int(w): int(s) for w, s in self.agg.ledger.committed_seq.items()}
-
-
-class _SourceControl:
-    def __init__(self, control: _Control, source: int) -> None:
-        self.c, self.source = control, source
-
-    def fence_worker(self, worker: int, source: int) -> tuple[int, list[Any]]:
-        return self.c.fence_worker(worker, source)
-
-    def commit(self, workers: Sequence[int]) -> dict[int, Any]:
-        return self.c.commit(workers)
-
-    def report_routed(self, source: int, report: dict[str, Any]) -> None:
-        self.c.report_routed(source, report)
-
-    def poll_table(self, timeout: float | None = 0.0) -> Any:
-        return self.c.poll_table(self.source)
-
-    def committed(self) -> dict[int, int]:
-        return self.c.committed()
 
 
 def _shards(inp: SimInput, sources: int, batch: int, block_rows: int) -> list[list[np.ndarray]]:
@@ -284,7 +265,6 @@ def simulate_cores(topo: Topology, inp: SimInput) -> tuple[report_mod.RunMeasure
     for core in workers:  # virtual time needs no slicing: one sleep per call
         core.service.slice_s = math.inf
     agg.start_run(t0)
-    control = _Control(agg, workers)
     shards = _shards(inp, topo.sources, run.batch, shard_block_rows(topo))
     cores = [SourceCore(
         s, make_grouping(topo.grouping.scheme, n, seed=run.seed + s, clock=vt.clock, **params),
@@ -292,7 +272,7 @@ def simulate_cores(topo: Topology, inp: SimInput) -> tuple[report_mod.RunMeasure
         call_messages=run.call_messages, linger_s=run.linger_ms / 1000,
         behind_linger_s=run.behind_linger_ms / 1000, rate_per_source=run.rate / topo.sources,
         vw_every_s=run.slot_s, clock=vt.clock, sleep=vt.sleep, t0=t0,
-        control=_SourceControl(control, s), capacities=caps.initial,
+        control=_Control(agg, workers, s), capacities=caps.initial,
         capacity_changes=caps.changes,
         report_every_s=coordinator.epoch_s if coordinator is not None else 1.0)
         for s in range(topo.sources)]
