@@ -263,6 +263,9 @@ def verify_result(topo: Topology, ref: Any, out: Path) -> dict[str, Any]:
             "heavy-hitters": f"exact top {topo.app.top_k}",
             "aggregate": f"groupBy(key).agg({', '.join(topo.app.aggs or ())} of "
                          f"{topo.app.value})"}[topo.app.kind]
+    if topo.app.window is not None:
+        w = topo.app.window
+        what = f"{what} per window({w.column}, {w.size}, {w.slide or w.size})"
     verdict: dict[str, Any] = {
         "against": f"spark {what}", "equal": bool(equal), "rows": got.num_rows,
         "reference_rows": ref.num_rows,

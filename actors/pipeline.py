@@ -306,8 +306,11 @@ class _LiveResults:
     aggregator's answer so far (``runtime.reporting.report.write_result``); the aggregator
     is asked without blocking the driver's loop."""
 
-    def __init__(self, agg: Any, out_dir: str | Path, every_s: float, t0: float) -> None:
-        self.agg, self.out_dir, self.every_s = agg, out_dir, every_s
+    def __init__(self, agg: Any, out_dir: str | Path, every_s: float, t0: float,
+                 answer: Callable[[Any], Any]) -> None:
+        """``answer``: the aggregator's result -> the stream's answer
+        (``LiveInput.answer``: a windowed stream's emitted windows go in)."""
+        self.agg, self.out_dir, self.every_s, self.answer = agg, out_dir, every_s, answer
         self.next_ts = t0 + every_s
         self.pending: Any = None
         self.written = 0
@@ -317,7 +320,7 @@ class _LiveResults:
             ready, _ = ray.wait([self.pending], timeout=0)
             if not ready:
                 return
-            write_result(self.out_dir, ray.get(self.pending))
+            write_result(self.out_dir, self.answer(ray.get(self.pending)))
             self.pending = None
             self.written += 1
         if time.time() >= self.next_ts:
@@ -574,7 +577,8 @@ class _PipelineRun:
                     self.say(f"[{topo.name}] resumed: {stream.replayed_batches} logged "
                              f"micro-batch(es) handed over again")
             stream.start()
-        self.results = _LiveResults(self.agg, self.out_dir, topo.app.aggregate_every_s, t0)
+        self.results = _LiveResults(self.agg, self.out_dir, topo.app.aggregate_every_s, t0,
+                                    stream.answer if stream is not None else (lambda t: t))
 
     # ------------------------------------------------------------------ 6. supervise
     def supervise(self) -> None:
@@ -629,7 +633,7 @@ class _PipelineRun:
             self.distinct_input = self.chunked.distinct
         if stream is not None:
             self.total = stream.rows
-            if self.topo.run.checkpoint:  # everything handed over is committed: the last one
+            if stream.cutting:  # everything handed over is committed: the last one
                 stream.finish_checkpoints()
                 stream.checkpoint()
         # the last ack, not when this loop noticed it (sources' clock: time.time)
@@ -641,6 +645,8 @@ class _PipelineRun:
             self.throttling.stop()
         self.worker_stats = self.faults.finish_workers()  # a dead worker's from the aggregator
         self.result = ray.get(self.agg.result.remote())
+        if stream is not None:
+            self.result = stream.answer(self.result)
         self.agg_stats = ray.get(self.agg.stats.remote())
 
     def raise_restart_if_lost(self, error: Exception) -> None:

@@ -368,10 +368,14 @@ def _select_input(raw: Any, topo: Topology) -> Any:
         if label_col not in columns:
             raise no_column("input.label", label_col, topo.input.path, columns)
         cols.append(F.col(f"`{label_col}`").cast("long").alias("label"))
+    window = topo.app.window.column if topo.app.window is not None else None
     for field, col in topo.app_input_columns():
         if col not in columns:
             raise no_column(field, col, topo.input.path, columns)
-        cols.append(F.col(f"`{col}`"))
+        c = F.col(f"`{col}`")
+        if col == window and topo.input.format == "csv":
+            c = c.cast("long").alias(col)  # CSV is text: event time is a whole number there
+        cols.append(c)
     df = raw.select(*cols)
     if with_labels:
         df = df.where(F.col("label").isNotNull())

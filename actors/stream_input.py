@@ -28,6 +28,7 @@ import pyarrow as pa
 import ray
 
 from runtime.dataflow import checkpoint as ckpt_mod
+from runtime.dataflow import event_time
 from runtime.inputs.input_check import has_data_files
 from runtime.topology import Topology, TopologyError
 
@@ -91,6 +92,22 @@ class LiveInput:
         self.app = topo.app.model_dump()
         self.checkpointing = checkpoint
         self.checkpoint_every_s = checkpoint_every_s
+        #: a windowed stream (``app.window``): its watermark and late records;
+        #: its windows are emitted at every cut, so cuts come at least every
+        #: ``app.aggregate_every_s`` even without checkpoints
+        self.events: event_time.EventClock | None = None
+        if topo.app.window is not None:
+            from runtime.operators.windows import WindowLengths
+
+            self.events = event_time.EventClock(
+                WindowLengths.of(topo.app.window),
+                resume_from.event_time if resume_from else None)
+            self.checkpoint_every_s = min(checkpoint_every_s, topo.app.aggregate_every_s)
+            bound = event_time.emitted_bound(out_dir)
+            if bound is not None and aggregator is not None:  # a resumed stream
+                ray.get(aggregator.close_windows.remote(bound))
+        self.cutting = checkpoint or self.events is not None
+        self.kind = topo.app.kind
         self.ckpt_batch = resume_from.batch_id if resume_from else -1  # in the state
         self.done_batch = self.ckpt_batch  # handed over (and logged)
         self.messages_before = resume_from.messages if resume_from else 0
@@ -117,7 +134,7 @@ class LiveInput:
         """A resumed run: hand over again what was logged after the checkpoint
         (before ``start``); how many micro-batches."""
         for batch_id, table in ckpt_mod.logged_batches(self.out_dir, after=self.ckpt_batch):
-            self._feed(table)
+            self._feed(table, batch_id)
             self.done_batch = batch_id
             self.replayed_batches += 1
         return self.replayed_batches
@@ -149,10 +166,10 @@ class LiveInput:
                 if table is not None and table.num_rows:
                     if self.checkpointing:
                         self.log_bytes += ckpt_mod.log_batch(self.out_dir, batch_id, table)
-                    self._feed(table)
+                    self._feed(table, batch_id)
                 self.handover_s += time.time() - t
                 self.done_batch = batch_id
-                if (self.checkpointing and time.time() >= self._next_checkpoint
+                if (self.cutting and time.time() >= self._next_checkpoint
                         and self._checkpointer is None):
                     # the cut goes in after this micro-batch, before the next one;
                     # the checkpoint is taken beside Spark's next micro-batches
@@ -167,9 +184,13 @@ class LiveInput:
             finally:
                 self.busy = False
 
-    def _feed(self, table: pa.Table) -> None:
+    def _feed(self, table: pa.Table, batch_id: int) -> None:
         handed = time.time()
         pieces = split_even(table, len(self.sources))
+        if self.events is not None:  # late records leave here, before the sources
+            pieces, late = self.events.take(batch_id, pieces)
+            if late is not None:
+                event_time.write_late(self.out_dir, batch_id, late)
         ray.get([s.feed.remote(p, handed)
                  for s, p in zip(self.sources, pieces, strict=True) if p.num_rows])
         self.rows += table.num_rows
@@ -197,13 +218,26 @@ class LiveInput:
                    started: float | None = None) -> None:
         """Save the aggregator's state as holding every micro-batch up to
         ``batch_id`` (default: all handed over - the sources have ended or
-        not started) and drop the log up to it."""
+        not started) and drop the log up to it. A windowed stream first
+        emits the windows final there (``OUT/windows/``), checkpoint or not."""
         t = time.time() if started is None else started
         batch_id = self.done_batch if batch_id is None else batch_id
         messages = self.messages_before + self.rows if messages is None else messages
+        events = None
+        if self.events is not None:
+            bound = self.events.bound_at(batch_id)
+            if bound is not None:
+                final = ray.get(self.aggregator.emit_windows.remote(bound))
+                if event_time.write_emission(self.out_dir, batch_id, final, bound):
+                    self.events.emitted += 1
+            events = self.events.state_at(batch_id)
+            self.events.forget_upto(batch_id)
+        if not self.checkpointing:
+            self._next_checkpoint = time.time() + self.checkpoint_every_s
+            return
         state = ray.get(self.aggregator.snapshot.remote())
         self.checkpoint_bytes = ckpt_mod.save(self.out_dir, ckpt_mod.Checkpoint(
-            batch_id, messages, state, self.app))
+            batch_id, messages, state, self.app, events))
         ckpt_mod.forget_batches(self.out_dir, upto=batch_id)
         self.ckpt_batch = batch_id
         self.checkpoints += 1
@@ -264,7 +298,15 @@ class LiveInput:
                 "skipped_batches": self.skipped_batches, "checkpoints": self.checkpoints,
                 "checkpoint_s": self.checkpoint_s, "checkpoint_bytes": self.checkpoint_bytes,
                 "log_bytes": self.log_bytes, "messages_before": self.messages_before,
-                "last_batch_id": self.done_batch}
+                "last_batch_id": self.done_batch,
+                **({"event_time": self.events.stats()} if self.events is not None else {})}
+
+    def answer(self, open_windows: pa.Table) -> pa.Table:
+        """The stream's answer so far from the aggregator's result: a windowed
+        stream's emitted windows go in too (``event_time.with_emitted``)."""
+        if self.events is None:
+            return open_windows
+        return event_time.with_emitted(self.out_dir, open_windows, self.kind)
 
 
 class _Stopping(RuntimeError):

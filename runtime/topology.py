@@ -427,6 +427,95 @@ def _drop_switched_params(before: Any, data: dict[str, Any],
     return sorted(dropped)
 
 
+#: ``app.window`` durations: a number, or a number with a unit (``500ms``, ``1m``)
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(us|ms|s|m|h|d)\s*$")
+_UNIT_S = {"us": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+#: most windows one record may fall in (``ceil(size / slide)``): each costs work per record
+MAX_WINDOWS_PER_RECORD = 1000
+
+
+def duration_s(field: str, value: Any) -> float:
+    """A window duration with a unit (``"500ms"``, ``"1m"``) in seconds; a
+    ``ValueError`` naming ``field`` for anything else."""
+    m = _DURATION.match(value) if isinstance(value, str) else None
+    if m is None:
+        raise ValueError(f"{field}: a number, or a duration like 500ms, 10s, 1m, 2h, 1d "
+                         f"(got {_show(value)})")
+    return float(m.group(1)) * _UNIT_S[m.group(2)]
+
+
+WindowLength = Annotated[int | float | str, Field(union_mode="left_to_right")]
+
+
+class WindowSpec(_Strict):
+    """``app.window``: event-time windows over an input column (README, "Windows").
+
+    ``column``: an integer column (sizes in its own units) or a timestamp
+    column (sizes in seconds, or with a unit: ``500ms``, ``1m``). Windows are
+    ``[k*slide, k*slide + size)``, aligned to 0 as Spark aligns ``window()``
+    to the epoch; a record falls in every window that holds its time.
+    ``lateness``: in a live stream, how far behind the stream's watermark (the
+    newest event time handed over) a record may be and still count.
+    """
+
+    column: str
+    size: WindowLength
+    slide: WindowLength | None = None  # default: size (tumbling windows)
+    lateness: WindowLength = 0
+
+    @field_validator("size", "slide", "lateness", mode="before")
+    @classmethod
+    def _not_bool(cls, v: Any, info: Any) -> Any:
+        if isinstance(v, bool):  # YAML's true is not a length
+            raise ValueError(f"app.window.{info.field_name}: a number, or a duration like "
+                             f"500ms, 10s, 1m (got {_show(v)})")
+        return v
+
+    @field_validator("column")
+    @classmethod
+    def _column(cls, v: str) -> str:
+        if not v or v == "key":
+            raise ValueError(f"app.window.column: the event-time column, not the key "
+                             f"(got {_show(v)})")
+        return v
+
+    @model_validator(mode="after")
+    def _lengths(self) -> WindowSpec:
+        size = self.seconds("size")
+        slide = self.seconds("slide")
+        if not size > 0:
+            raise ValueError(f"app.window.size: must be > 0 (got {_show(self.size)})")
+        if not slide > 0:
+            raise ValueError(f"app.window.slide: must be > 0 (got {_show(self.slide)})")
+        if slide > size:
+            raise ValueError(f"app.window.slide: at most the size {_show(self.size)} "
+                             f"(got {_show(self.slide)})")
+        if math.ceil(size / slide - 1e-9) > MAX_WINDOWS_PER_RECORD:
+            raise ValueError(f"app.window.slide: a record would fall in more than "
+                             f"{MAX_WINDOWS_PER_RECORD} windows (size / slide; got "
+                             f"{_show(self.slide)} for size {_show(self.size)})")
+        if not self.seconds("lateness") >= 0:
+            raise ValueError(f"app.window.lateness: must be >= 0 (got {_show(self.lateness)})")
+        return self
+
+    def seconds(self, name: str) -> float:
+        """``size``/``slide``/``lateness`` as a number (a unit's in seconds)."""
+        value = getattr(self, name)
+        if value is None and name == "slide":
+            value = self.size
+        if isinstance(value, bool):
+            raise ValueError(f"app.window.{name}: a number (got {_show(value)})")
+        if isinstance(value, (int, float)):
+            if not math.isfinite(value) or abs(value) > 1e18:
+                raise ValueError(f"app.window.{name}: a finite number (got {_show(value)})")
+            return float(value)
+        return duration_s(f"app.window.{name}", value)
+
+    def has_units(self) -> bool:
+        """A length was given with a unit (only a timestamp column takes one)."""
+        return any(isinstance(v, str) for v in (self.size, self.slide, self.lateness))
+
+
 class AppSpec(_Strict):
     """``app``: what the workers compute (docs/design.md, "Applications over records")."""
 
@@ -443,6 +532,8 @@ class AppSpec(_Strict):
     operator: str | None = None
     columns: list[str] = []
     params: dict[str, Any] = {}
+    #: event-time windows (any kind): results per (window, key)
+    window: WindowSpec | None = None
 
     @model_validator(mode="after")
     def _fields_of_kind(self) -> AppSpec:
@@ -478,13 +569,11 @@ class AppSpec(_Strict):
     def columns_needed(self) -> list[str]:
         """The input columns the workers get besides ``key``, as the app names
         them (naive-bayes' label column is always ``label``)."""
-        if self.kind == "naive-bayes":
-            return ["label"]
-        if self.kind == "aggregate":
-            return [str(self.value)]
-        if self.kind == "operator":
-            return list(self.columns)
-        return []
+        cols = {"naive-bayes": ["label"], "aggregate": [str(self.value)],
+                "operator": list(self.columns)}.get(self.kind, [])
+        if self.window is not None and self.window.column not in cols:
+            cols.append(self.window.column)
+        return cols
 
 
 class FaultSpec(_Strict):
@@ -636,11 +725,15 @@ class Topology(_Strict):
     def app_input_columns(self) -> list[tuple[str, str]]:
         """``(field, column)`` of every input column an aggregate or operator
         app reads besides the key (naive-bayes' label is ``input.label``)."""
+        cols: list[tuple[str, str]] = []
         if self.app.kind == "aggregate":
-            return [("app.value", str(self.app.value))]
-        if self.app.kind == "operator":
-            return [("app.columns", c) for c in self.app.columns]
-        return []
+            cols = [("app.value", str(self.app.value))]
+        elif self.app.kind == "operator":
+            cols = [("app.columns", c) for c in self.app.columns]
+        w = self.app.window
+        if w is not None and w.column not in [c for _, c in cols]:
+            cols.append(("app.window.column", w.column))
+        return cols
 
 
 # --------------------------------------------------------------------------- loading

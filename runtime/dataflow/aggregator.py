@@ -134,6 +134,14 @@ class AggregatorCore:
     def result(self) -> pa.Table:
         return self.app.result()
 
+    def emit_windows(self, watermark: int) -> pa.Table:
+        """A windowed live stream at a checkpoint's cut: the windows its
+        watermark passed (``AggregatorApp.emit_windows``)."""
+        return self.app.emit_windows(watermark)
+
+    def close_windows(self, watermark: int) -> None:
+        self.app.close_windows(watermark)
+
     def snapshot(self) -> Any:
         """The committed state (a live stream's checkpoint); taken between two
         calls, so no flush is half in it."""
@@ -145,4 +153,7 @@ class AggregatorCore:
                "peak_rss_mb": peak_rss_mb()}
         if self.coordinator is not None:
             out["coordinator"] = self.coordinator.summary()
+        windows = self.app.window_stats()
+        if windows is not None:
+            out["windows"] = windows
         return out

@@ -41,6 +41,8 @@ class Checkpoint:
     messages: int  # messages in ``state``, over every run of the stream
     state: Any  # the aggregator's (``AggregatorCore.snapshot``)
     app: dict[str, Any]  # the app it belongs to (a resume with another app is refused)
+    #: a windowed stream's event time at ``batch_id`` (``runtime.dataflow.event_time``)
+    event_time: dict[str, Any] | None = None
 
 
 def checkpoint_dir(out_dir: str | os.PathLike[str]) -> Path:
@@ -87,7 +89,8 @@ def load(out_dir: str | os.PathLike[str]) -> Checkpoint | None:
         raise ValueError(f"{path}: not a readable checkpoint ({e.__class__.__name__})") from None
     if not isinstance(raw, dict) or raw.get("format") != FORMAT:
         raise ValueError(f"{path}: not a checkpoint of this version")
-    return Checkpoint(int(raw["batch_id"]), int(raw["messages"]), raw["state"], raw["app"])
+    return Checkpoint(int(raw["batch_id"]), int(raw["messages"]), raw["state"], raw["app"],
+                      raw.get("event_time"))
 
 
 def exists(out_dir: str | os.PathLike[str]) -> bool:

@@ -114,6 +114,19 @@ def open_dataset(topo: Topology) -> Any:
         raise unreadable(spec.format, spec.path, e) from None
 
 
+def check_window_column(topo: Topology, type_: pa.DataType) -> None:
+    """``app.window``'s column must hold event times its lengths fit: whole
+    numbers (lengths in its units) or timestamps (seconds, or with a unit)."""
+    from runtime.operators import OperatorError
+    from runtime.operators.windows import WindowLengths, time_unit
+
+    assert topo.app.window is not None
+    try:
+        WindowLengths.of(topo.app.window).ticks(time_unit(type_, topo.app.window.column))
+    except OperatorError as e:
+        raise TopologyError(str(e)) from None
+
+
 def preflight(topo: Topology) -> None:
     """Fail with one line (``TopologyError``) if the input file cannot feed a run.
 
@@ -130,6 +143,9 @@ def preflight(topo: Topology) -> None:
             if col not in GENERATED_COLUMNS:
                 raise TopologyError(f"{field}: a generated stream has no column {col!r} "
                                     f"(it offers: key, {', '.join(GENERATED_COLUMNS)})")
+        if topo.app.window is not None:
+            check_window_column(topo, pa.int64() if topo.app.window.column != "amount"
+                                else pa.float64())
         return
     path = topo.input_path()
     if path is None:  # a remote URI: Spark will tell
@@ -166,6 +182,8 @@ def preflight(topo: Topology) -> None:
     for field, col in need:
         if col not in names:
             raise no_column(field, col, topo.input.path, names)
+    if topo.app.window is not None and topo.input.format != "csv":  # CSV: read as a number
+        check_window_column(topo, dataset.schema.field(topo.app.window.column).type)
     try:
         first = dataset.head(1, columns=[c for _, c in need if c in names] or None)
     except (pa.ArrowException, OSError, ValueError) as e:

@@ -24,6 +24,7 @@ from runtime.operators.tables import (
     WORDCOUNT_SCHEMA,
     sort_result,
 )
+from runtime.operators.windows import TIMESTAMP, WINDOW_COLUMNS, WindowLengths
 
 #: Spark computes the answer of every built-in operator
 _REFERENCE_KINDS = tuple(BUILTINS)
@@ -57,19 +58,32 @@ def spark_reference(df: Any, app: Mapping[str, Any] | str,
         raise ValueError(f"app.kind: no Spark reference for {kind!r} "
                          f"(known: {', '.join(_REFERENCE_KINDS)})")
     df = df.withColumn("key", F.col("key").cast("string"))
+    by: list[str] = []  # the window's columns, first (none without app.window)
+    window_type: pa.DataType = pa.int64()
+    if spec.get("window") is not None:
+        df, window_type = _with_windows(df, spec["window"])
+        by = list(WINDOW_COLUMNS)
+
+    def collect(d: Any, schema: pa.Schema) -> pa.Table:
+        if by:
+            schema = pa.schema([pa.field(c, window_type) for c in by] + list(schema))
+        return sort_result(_collect_arrow(d, schema), kind)
+
     if kind == "naive-bayes":
-        t = _collect_arrow(df.groupBy("key", "label").count(), NAIVE_BAYES_SCHEMA)
-        return sort_result(t, kind)
+        return collect(df.groupBy(*by, "key", "label").count(), NAIVE_BAYES_SCHEMA)
     if kind == "wordcount":
-        return sort_result(_collect_arrow(df.groupBy("key").count(), WORDCOUNT_SCHEMA), kind)
+        return collect(df.groupBy(*by, "key").count(), WORDCOUNT_SCHEMA)
     if kind == "heavy-hitters":
+        from pyspark.sql import Window
+
         top_k = int(spec.get("top_k") or 100)
         # the cut at top_k breaks ties like sort_result: count desc, key asc, null last
-        ranked = (df.groupBy("key").count()
-                  .orderBy(F.desc("count"), F.asc_nulls_last("key")).limit(top_k))
-        t = _collect_arrow(ranked, WORDCOUNT_SCHEMA)
-        t = t.append_column("error", pa.array([0] * t.num_rows, pa.int64()))
-        return sort_result(t.cast(HEAVY_HITTERS_SCHEMA), kind)
+        rank = F.row_number().over(Window.partitionBy(*[F.col(c) for c in by] or [F.lit(0)])
+                                   .orderBy(F.desc("count"), F.asc_nulls_last("key")))
+        ranked = (df.groupBy(*by, "key").count().withColumn("_rank", rank)
+                  .where(F.col("_rank") <= top_k).drop("_rank")
+                  .withColumn("error", F.lit(0).cast("long")))
+        return collect(ranked, HEAVY_HITTERS_SCHEMA)
     value = spec.get("value")
     if not isinstance(value, str):
         raise ValueError(f"app.value: required for kind 'aggregate' (got {value!r})")
@@ -81,9 +95,32 @@ def spark_reference(df: Any, app: Mapping[str, Any] | str,
     spark_fn = {"count": lambda c: F.count(F.lit(1)), "sum": F.sum, "min": F.min,
                 "max": F.max, "mean": F.avg}
     exprs = [spark_fn[a](F.col(value)).alias(a) for a in op.aggs]
-    schema = op.result_schema(value_type)
-    t = _collect_arrow(df.groupBy("key").agg(*exprs), schema)
-    return sort_result(t, "aggregate")
+    return collect(df.groupBy(*by, "key").agg(*exprs), op.result_schema(value_type))
+
+
+def _with_windows(df: Any, window: Any) -> tuple[Any, pa.DataType]:
+    """``df`` with one row per (record, window holding it) and the window as
+    ``window_start``/``window_end`` (Spark's ``window()``; a record without an
+    event time in none); the columns' Arrow type."""
+    from pyspark.sql import functions as F
+    from pyspark.sql.types import IntegralType
+
+    w = WindowLengths.of(window)
+    col = F.col(f"`{w.column}`")
+    integral = isinstance(df.schema[w.column].dataType, IntegralType)
+    if integral:  # whole numbers: Spark windows timestamps, so count ticks as seconds
+        size, slide, _ = w.ticks("int")
+        win = F.window(F.timestamp_seconds(col), f"{size} seconds", f"{slide} seconds")
+    else:
+        size, slide, _ = w.ticks("us")
+        win = F.window(col, f"{size} microseconds", f"{slide} microseconds")
+    start, end = F.col("_window.start"), F.col("_window.end")
+    if integral:
+        start, end = start.cast("long"), end.cast("long")
+    others = [F.col(f"`{c}`") for c in df.columns]
+    out = (df.withColumn("_window", win).where(F.col("_window").isNotNull())
+           .select(start.alias(WINDOW_COLUMNS[0]), end.alias(WINDOW_COLUMNS[1]), *others))
+    return out, (pa.int64() if integral else TIMESTAMP)
 
 
 # ------------------------------------------------------------------ comparing

@@ -34,7 +34,7 @@ PARAMS: dict[str, tuple[str, ...]] = {
 # the schema's kinds are exactly the built-ins plus the user's operator, each with its fields
 assert set(KINDS) == {*BUILTINS, "operator"} == set(PARAMS), (KINDS, BUILTINS, PARAMS)
 #: fields of the ``app`` section that are not operator parameters
-_RUNTIME_FIELDS = ("kind", "aggregate_every_s")
+_RUNTIME_FIELDS = ("kind", "aggregate_every_s", "window")
 
 
 def _unknown_kind(kind: Any) -> ValueError:
@@ -61,7 +61,19 @@ def operator_for_app(app: Mapping[str, Any], base_dir: str | Path = ".") -> Boun
     """The ``BoundOperator`` of an ``app:`` section (a mapping, e.g.
     ``topo.app.model_dump()``); ``base_dir``: the topology file's directory
     (for ``operator: path/file.py:Class`` and importable modules there).
-    Fields set to ``None`` and fields of other kinds are ignored."""
+    Fields set to ``None`` and fields of other kinds are ignored. With
+    ``app.window``, the operator runs per event-time window
+    (``runtime.operators.windows``)."""
+    op = _operator_for_app(app, base_dir)
+    window = app.get("window")
+    if window is None:
+        return op
+    from runtime.operators.windows import windowed
+
+    return windowed(op, window)
+
+
+def _operator_for_app(app: Mapping[str, Any], base_dir: str | Path) -> BoundOperator:
     kind = app.get("kind")
     if kind not in PARAMS:
         raise _unknown_kind(kind)

@@ -80,6 +80,39 @@ class AggregatorApp:
                              f"False) cannot resume from a checkpoint")
         self.total = state
 
+    def window_stats(self) -> dict[str, Any] | None:
+        """A windowed app's windows (``Windowed.describe``): open now and at
+        most, records without an event time; ``None`` without ``app.window``."""
+        from runtime.operators.windows import windowed_of
+
+        win = windowed_of(self.op)
+        if win is None:
+            return None
+        if not self.snapshots:
+            return win.describe(self.total)
+        states = [self._latest[w] for w in sorted(self._latest)]
+        return {"open": sum(len(s.windows) for s in states),
+                "peak_open": sum(max(s.peak, len(s.windows)) for s in states),
+                "no_event_time": sum(s.no_time for s in states), "closed_before": None}
+
+    def emit_windows(self, watermark: int) -> pa.Table:
+        """A live stream: take out every window that ends at or before
+        ``watermark`` (ticks); their result rows."""
+        from runtime.operators.windows import windowed_of
+
+        win = windowed_of(self.op)
+        assert win is not None and not self.snapshots
+        return win.emit(self.total, watermark)
+
+    def close_windows(self, watermark: int) -> None:
+        """A resumed live stream: windows ending at or before ``watermark`` were
+        emitted already."""
+        from runtime.operators.windows import windowed_of
+
+        win = windowed_of(self.op)
+        assert win is not None and not self.snapshots
+        win.close(self.total, watermark)
+
     def result(self) -> pa.Table:
         total = self.total
         if self.snapshots:  # each key on one worker: the snapshots' key sets are disjoint

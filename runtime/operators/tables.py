@@ -69,6 +69,7 @@ def sort_result(table: pa.Table, kind: str) -> pa.Table:
 
     wordcount/aggregate: by key; naive-bayes: by key, label; heavy-hitters: by
     count descending, then key. Keys compare in UTF-8 byte order, nulls last.
+    A windowed result (``app.window``) sorts by window first.
     """
     if kind == "heavy-hitters":
         order = [("count", "descending", "at_end"), ("key", "ascending", "at_end")]
@@ -76,6 +77,9 @@ def sort_result(table: pa.Table, kind: str) -> pa.Table:
         order = [("key", "ascending", "at_end"), ("label", "ascending", "at_end")]
     else:
         order = [("key", "ascending", "at_end")]
+    if "window_start" in table.column_names:
+        order = [("window_start", "ascending", "at_end"), ("window_end", "ascending", "at_end"),
+                 *order]
     idx = pc.sort_indices(table, sort_keys=order)
     return table.take(idx).combine_chunks()
 

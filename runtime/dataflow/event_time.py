@@ -1,0 +1,179 @@
+"""A live stream's event time (``app.window``): its watermark, late records,
+and the windows it emits (README, "Windows").
+
+The stream's *watermark* is the newest event time handed over so far. A
+micro-batch is judged against the watermark of the micro-batches before it:
+a record more than ``lateness`` behind it is *late*. Late records leave the
+stream before the sources (``OUT/late/<batch>.parquet``, gathered into
+``OUT/late.parquet``); they are counted per source, never merged into a
+window. So no record that still counts is older than ``watermark -
+lateness``: at a checkpoint's cut after micro-batch ``B`` (every record of
+``B`` and before committed), every window ending at or before
+``watermark(B) - lateness`` is final. The aggregator hands those over
+(``AggregatorCore.emit_windows``) and they are written to
+``OUT/windows/<B>.parquet``, once.
+
+Exactly once across kills and ``--resume``: the decisions depend only on the
+micro-batches in order (Spark replays the same ones), the watermark is saved
+in the checkpoint, an emission file is written atomically before the
+checkpoint that no longer holds its windows, and a resumed stream refuses
+every window up to the newest emitted bound (``emitted_bound``): replayed
+records of an emitted window cannot emit it again. Pure (pyarrow, numpy):
+the Ray driver (``actors.stream_input``) calls it.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from runtime.operators.windows import WindowLengths, event_ticks, time_unit
+
+WINDOWS_DIR = "windows"
+LATE_DIR = "late"
+LATE_FILE = "late.parquet"
+#: the bound an emission file covers (its windows end at or before it), in its metadata
+BOUND_KEY = b"hs.watermark"
+
+
+def _write_atomic(table: pa.Table, path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    try:
+        pq.write_table(table, tmp)
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+class EventClock:
+    """The watermark of a live stream's micro-batches, and who is late."""
+
+    def __init__(self, window: WindowLengths, state: dict[str, Any] | None = None) -> None:
+        self.window = window
+        state = state or {}
+        self.unit: str | None = state.get("unit")
+        self.watermark: int | None = state.get("watermark")  # after the last batch taken
+        self.late_rows = int(state.get("late_rows", 0))
+        self.late_per_source: list[int] = list(state.get("late_per_source", []))
+        self.emitted = int(state.get("emitted", 0))  # emission files
+        self._after: dict[int, int | None] = {}  # batch id -> watermark after it
+
+    def state_at(self, batch_id: int) -> dict[str, Any]:
+        """What a checkpoint after ``batch_id`` keeps (``EventClock(window, state)``)."""
+        return {"unit": self.unit, "watermark": self._after.get(batch_id, self.watermark),
+                "late_rows": self.late_rows, "late_per_source": self.late_per_source,
+                "emitted": self.emitted}
+
+    def bound_at(self, batch_id: int) -> int | None:
+        """Windows ending at or before this are final once ``batch_id`` is
+        committed (``None``: no event time yet)."""
+        wm = self._after.get(batch_id, self.watermark)
+        if wm is None or self.unit is None:
+            return None
+        return wm - self.window.ticks(self.unit)[2]
+
+    def take(self, batch_id: int, pieces: list[pa.Table]) -> tuple[list[pa.Table], pa.Table | None]:
+        """Micro-batch ``batch_id`` as the sources' ``pieces`` (in source
+        order): the pieces without their late records, and those (``None``:
+        none). Then the watermark moves to the batch's newest event time."""
+        if self.unit is None and pieces:
+            self.unit = time_unit(pieces[0].schema.field(self.window.column).type,
+                                  self.window.column)
+        lateness = self.window.ticks(self.unit)[2] if self.unit else 0
+        kept, late, newest = [], [], self.watermark
+        while len(self.late_per_source) < len(pieces):
+            self.late_per_source.append(0)
+        for s, piece in enumerate(pieces):
+            assert self.unit is not None
+            ticks, valid = event_ticks(piece.column(self.window.column), self.unit)
+            if self.watermark is not None:
+                is_late = valid & (ticks < self.watermark - lateness)
+                n_late = int(is_late.sum())
+                if n_late:
+                    late.append(piece.filter(pa.array(is_late)))
+                    piece = piece.filter(pa.array(~is_late))
+                    self.late_per_source[s] += n_late
+                    self.late_rows += n_late
+            if valid.any():
+                top = int(ticks[valid].max())
+                newest = top if newest is None else max(newest, top)
+            kept.append(piece)
+        self.watermark = newest
+        self._after[batch_id] = newest
+        return kept, (pa.concat_tables(late) if late else None)
+
+    def forget_upto(self, batch_id: int) -> None:
+        """A checkpoint holds ``batch_id``: its watermark is no longer asked for."""
+        for b in [b for b in self._after if b < batch_id]:
+            del self._after[b]
+
+    def stats(self) -> dict[str, Any]:
+        return {"watermark": self.watermark, "late_rows": self.late_rows,
+                "late_per_source": list(self.late_per_source), "emissions": self.emitted}
+
+
+# ------------------------------------------------------------------ files
+
+def write_late(out_dir: str | os.PathLike[str], batch_id: int, late: pa.Table) -> None:
+    """Keep micro-batch ``batch_id``'s late records (the same file again on a
+    replay) and rewrite ``OUT/late.parquet``: all of them, in batch order."""
+    out = Path(out_dir)
+    path = out / LATE_DIR / f"{int(batch_id):012d}.parquet"
+    if not path.exists():
+        _write_atomic(late, path)
+    files = sorted((out / LATE_DIR).glob("*.parquet"))
+    _write_atomic(pa.concat_tables([pq.read_table(f) for f in files],
+                                   promote_options="permissive"), out / LATE_FILE)
+
+
+def write_emission(out_dir: str | os.PathLike[str], batch_id: int, table: pa.Table,
+                   bound: int) -> Path | None:
+    """``OUT/windows/<batch_id>.parquet``: the windows final at ``bound``
+    (nothing is written for none; a file there already is kept)."""
+    path = Path(out_dir) / WINDOWS_DIR / f"{int(batch_id):012d}.parquet"
+    if table.num_rows == 0 or path.exists():
+        return None
+    meta = dict(table.schema.metadata or {})
+    meta[BOUND_KEY] = str(int(bound)).encode()
+    _write_atomic(table.replace_schema_metadata(meta), path)
+    return path
+
+
+def emission_files(out_dir: str | os.PathLike[str]) -> list[Path]:
+    d = Path(out_dir) / WINDOWS_DIR
+    return sorted(d.glob("*.parquet")) if d.exists() else []
+
+
+def emitted_bound(out_dir: str | os.PathLike[str]) -> int | None:
+    """The newest bound an emission file covers (``None``: none written)."""
+    bounds = []
+    for f in emission_files(out_dir):
+        meta = pq.read_schema(f).metadata or {}
+        if BOUND_KEY in meta:
+            bounds.append(int(meta[BOUND_KEY]))
+    return max(bounds) if bounds else None
+
+
+def with_emitted(out_dir: str | os.PathLike[str], open_windows: pa.Table,
+                 kind: str) -> pa.Table:
+    """A live stream's whole answer: every emitted window, then the open ones
+    (``open_windows``, the aggregator's result), in result order."""
+    from runtime.operators.tables import sort_result
+
+    files = emission_files(out_dir)
+    if not files:
+        return open_windows
+    parts = [pq.read_table(f).replace_schema_metadata(None) for f in files]
+    t = pa.concat_tables([*parts, open_windows.replace_schema_metadata(None)],
+                         promote_options="permissive")
+    return sort_result(t, kind)
+
+
+__all__ = ["BOUND_KEY", "LATE_DIR", "LATE_FILE", "WINDOWS_DIR", "EventClock", "emission_files",
+           "emitted_bound", "with_emitted", "write_emission", "write_late"]
