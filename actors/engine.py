@@ -234,12 +234,27 @@ class RayEngine:
                                    clock=clock)
         if verify:
             if ref is None:  # a live stream: every file that arrived, read once it ended
-                ref = spark_reference(topo, spark_input.build_dataframe(self.spark, topo))
+                ref = spark_reference(topo, _on_time(self.spark, topo, out))
             report["verify"] = verify_result(topo, ref, out)
         clock.part("outputs", clock.since_end())  # the result is safe from here on
         report["phases"] = clock.block()
         phases.rewrite(out, report["phases"])
         return report
+
+
+def _on_time(spark: Any, topo: Topology, out: Path) -> Any:
+    """Every record of a live stream that counts: all that arrived, less a
+    windowed stream's late ones (``OUT/late.parquet``, counted in no window)."""
+    import pyarrow.parquet as pq
+
+    from runtime.dataflow.event_time import LATE_FILE
+
+    df = spark_input.build_dataframe(spark, topo)
+    late = out / LATE_FILE
+    if topo.app.window is None or not late.exists():
+        return df
+    rows = pq.read_table(late).select(df.columns).to_pylist()
+    return df.exceptAll(spark.createDataFrame(rows, schema=df.schema))
 
 
 def spark_reference(topo: Topology, df: Any) -> Any:
