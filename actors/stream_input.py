@@ -188,7 +188,7 @@ class LiveInput:
         handed = time.time()
         pieces = split_even(table, len(self.sources))
         if self.events is not None:  # late records leave here, before the sources
-            pieces, late = self.events.take(batch_id, pieces)
+            pieces, late = self.events.take(batch_id, pieces, handed)
             if late is not None:
                 event_time.write_late(self.out_dir, batch_id, late)
         ray.get([s.feed.remote(p, handed)
@@ -230,6 +230,7 @@ class LiveInput:
                 final = ray.get(self.aggregator.emit_windows.remote(bound))
                 if event_time.write_emission(self.out_dir, batch_id, final, bound):
                     self.events.emitted += 1
+                    self.events.emitted_windows(event_time.window_ends(final), time.time())
             events = self.events.state_at(batch_id)
             self.events.forget_upto(batch_id)
         if not self.checkpointing:

@@ -173,14 +173,17 @@ def test_the_event_clock_sends_late_records_away_and_bounds_final_windows(
     def piece(ts: list[int | None]) -> pa.Table:
         return pa.table({"key": ["a"] * len(ts), "ts": pa.array(ts, pa.int64())})
 
-    kept, late = clock.take(0, [piece([1, 2, 30]), piece([25, None])])
+    kept, late = clock.take(0, [piece([1, 2, 30]), piece([25, None])], handed=100.0)
     assert late is None and [p.num_rows for p in kept] == [3, 2]
     assert clock.bound_at(0) == 25  # newest 30, lateness 5
-    kept, late = clock.take(1, [piece([26, 24, 40]), piece([10, None, 31])])
+    kept, late = clock.take(1, [piece([26, 24, 40]), piece([10, None, 31])], handed=101.0)
     # judged against the watermark before the batch (30): older than 25 is late
     assert late is not None and late.column("ts").to_pylist() == [24, 10]
     assert [p.num_rows for p in kept] == [2, 2] and clock.late_per_source == [1, 1]
     assert clock.bound_at(0) == 25 and clock.bound_at(1) == 35
+    clock.emitted_windows([20, 30], now=103.5)  # final after batch 0 and batch 1
+    assert clock.emit_delays_s == [3.5, 2.5]
+    assert clock.stats()["emit_delay_s"] == {"p50": 2.5, "max": 3.5}
     again = event_time.EventClock(w, clock.state_at(1))  # a resumed stream
     assert again.watermark == 40 and again.late_rows == 2
     event_time.write_late(tmp_path, 1, late)
@@ -200,6 +203,7 @@ def test_emitted_windows_leave_the_state_and_never_come_back(tmp_path: Path) -> 
     agg.merge(worker.flush())
     final = agg.emit_windows(20)
     assert final.column("window_start").to_pylist() == [0, 0, 10]
+    assert event_time.window_ends(final) == [10, 20]
     assert event_time.write_emission(tmp_path, 3, final, 20) is not None
     assert event_time.write_emission(tmp_path, 3, final, 20) is None  # written once
     assert event_time.emitted_bound(tmp_path) == 20

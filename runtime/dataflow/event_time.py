@@ -28,6 +28,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
@@ -63,6 +64,10 @@ class EventClock:
         self.late_per_source: list[int] = list(state.get("late_per_source", []))
         self.emitted = int(state.get("emitted", 0))  # emission files
         self._after: dict[int, int | None] = {}  # batch id -> watermark after it
+        self._handed: dict[int, float] = {}  # batch id -> when it was handed over
+        #: per emitted window: seconds from the hand-over of the micro-batch
+        #: that made it final to its emission
+        self.emit_delays_s: list[float] = []
 
     def state_at(self, batch_id: int) -> dict[str, Any]:
         """What a checkpoint after ``batch_id`` keeps (``EventClock(window, state)``)."""
@@ -78,10 +83,13 @@ class EventClock:
             return None
         return wm - self.window.ticks(self.unit)[2]
 
-    def take(self, batch_id: int, pieces: list[pa.Table]) -> tuple[list[pa.Table], pa.Table | None]:
+    def take(self, batch_id: int, pieces: list[pa.Table],
+             handed: float = 0.0) -> tuple[list[pa.Table], pa.Table | None]:
         """Micro-batch ``batch_id`` as the sources' ``pieces`` (in source
-        order): the pieces without their late records, and those (``None``:
-        none). Then the watermark moves to the batch's newest event time."""
+        order), handed over at ``handed``: the pieces without their late
+        records, and those (``None``: none). Then the watermark moves to the
+        batch's newest event time."""
+        self._handed[batch_id] = handed
         if self.unit is None and pieces:
             self.unit = time_unit(pieces[0].schema.field(self.window.column).type,
                                   self.window.column)
@@ -92,6 +100,8 @@ class EventClock:
         for s, piece in enumerate(pieces):
             assert self.unit is not None
             ticks, valid = event_ticks(piece.column(self.window.column), self.unit)
+            if valid is None:
+                valid = np.ones(len(ticks), dtype=bool)
             if self.watermark is not None:
                 is_late = valid & (ticks < self.watermark - lateness)
                 n_late = int(is_late.sum())
@@ -108,14 +118,28 @@ class EventClock:
         self._after[batch_id] = newest
         return kept, (pa.concat_tables(late) if late else None)
 
+    def emitted_windows(self, ends: list[int], now: float) -> None:
+        """Windows ending at ``ends`` (ticks) were emitted at ``now``: how long
+        after the micro-batch that made each final was handed over."""
+        lateness = self.window.ticks(self.unit)[2] if self.unit else 0
+        for end in ends:
+            made = [b for b, wm in self._after.items() if wm is not None and wm - lateness >= end]
+            if made:
+                self.emit_delays_s.append(max(0.0, now - self._handed.get(min(made), now)))
+
     def forget_upto(self, batch_id: int) -> None:
         """A checkpoint holds ``batch_id``: its watermark is no longer asked for."""
         for b in [b for b in self._after if b < batch_id]:
             del self._after[b]
+            self._handed.pop(b, None)
 
     def stats(self) -> dict[str, Any]:
-        return {"watermark": self.watermark, "late_rows": self.late_rows,
-                "late_per_source": list(self.late_per_source), "emissions": self.emitted}
+        delays = sorted(self.emit_delays_s)
+        return {"watermark": self.watermark, "unit": self.unit, "late_rows": self.late_rows,
+                "late_per_source": list(self.late_per_source), "emissions": self.emitted,
+                "windows_emitted": len(delays),
+                "emit_delay_s": ({"p50": delays[len(delays) // 2], "max": delays[-1]}
+                                 if delays else None)}
 
 
 # ------------------------------------------------------------------ files
@@ -143,6 +167,14 @@ def write_emission(out_dir: str | os.PathLike[str], batch_id: int, table: pa.Tab
     meta[BOUND_KEY] = str(int(bound)).encode()
     _write_atomic(table.replace_schema_metadata(meta), path)
     return path
+
+
+def window_ends(table: pa.Table) -> list[int]:
+    """The distinct ``window_end``s of a windowed result, in ticks."""
+    col = table.column("window_end")
+    unit = "us" if pa.types.is_timestamp(col.type) else "int"
+    ticks, _ = event_ticks(col, unit)
+    return sorted({int(t) for t in ticks})
 
 
 def emission_files(out_dir: str | os.PathLike[str]) -> list[Path]:
@@ -176,4 +208,4 @@ def with_emitted(out_dir: str | os.PathLike[str], open_windows: pa.Table,
 
 
 __all__ = ["BOUND_KEY", "LATE_DIR", "LATE_FILE", "WINDOWS_DIR", "EventClock", "emission_files",
-           "emitted_bound", "with_emitted", "write_emission", "write_late"]
+           "emitted_bound", "window_ends", "with_emitted", "write_emission", "write_late"]

@@ -87,19 +87,24 @@ def time_unit(field: pa.DataType, column: str) -> str:
                         f"number or a timestamp column")
 
 
-def event_ticks(column: pa.Array | pa.ChunkedArray, unit: str) -> tuple[np.ndarray, np.ndarray]:
+def event_ticks(column: pa.Array | pa.ChunkedArray,
+                unit: str) -> tuple[np.ndarray, np.ndarray | None]:
     """``(ticks, valid)``: the column as int64 ticks (0 where null) and its
-    non-null mask."""
+    non-null mask (``None``: no nulls)."""
     if isinstance(column, pa.ChunkedArray):
         column = column.combine_chunks()
-    if unit == "us" and not pa.types.is_timestamp(column.type):
-        column = column.cast(pa.timestamp("us"))  # a date
-    elif unit == "us" and column.type.unit != "us":
-        column = column.cast(pa.timestamp("us", tz=column.type.tz))
+    if unit == "us":
+        if not pa.types.is_timestamp(column.type):
+            column = column.cast(pa.timestamp("us"))  # a date
+        elif column.type.unit != "us":
+            column = column.cast(pa.timestamp("us", tz=column.type.tz))
+        column = column.view(pa.int64())
+    elif column.type != pa.int64():
+        column = column.cast(pa.int64())
+    if column.null_count == 0:
+        return column.to_numpy(zero_copy_only=False), None
     valid = column.is_valid().to_numpy(zero_copy_only=False)
-    ints = column.cast(pa.int64()) if unit == "int" else column.view(pa.int64())
-    ticks = pc.fill_null(ints, 0).to_numpy(zero_copy_only=False).astype(np.int64, copy=False)
-    return ticks, valid
+    return pc.fill_null(column, 0).to_numpy(zero_copy_only=False), valid
 
 
 def window_starts(ticks: np.ndarray, size: int, slide: int) -> tuple[np.ndarray, np.ndarray]:
@@ -174,7 +179,7 @@ class Windowed:
         ticks, valid = event_ticks(col, unit)
         if self._drop_time:
             batch = batch.drop_columns([self.window.column])
-        if not valid.all():
+        if valid is not None:
             state.no_time += int(len(valid) - valid.sum())
             keep = np.flatnonzero(valid)
             batch, ticks = batch.take(pa.array(keep)), ticks[keep]
