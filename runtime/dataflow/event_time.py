@@ -138,7 +138,8 @@ class EventClock:
         return {"watermark": self.watermark, "unit": self.unit, "late_rows": self.late_rows,
                 "late_per_source": list(self.late_per_source), "emissions": self.emitted,
                 "windows_emitted": len(delays),
-                "emit_delay_s": ({"p50": delays[len(delays) // 2], "max": delays[-1]}
+                "emit_delay_s": ({"p50": float(np.percentile(delays, 50)),
+                                  "p99": float(np.percentile(delays, 99)), "max": delays[-1]}
                                  if delays else None)}
 
 
