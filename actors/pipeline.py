@@ -314,13 +314,17 @@ class _LiveResults:
         self.next_ts = t0 + every_s
         self.pending: Any = None
         self.written = 0
+        self.open_windows: int | None = None  # a windowed stream's, at the last answer
 
     def poll(self) -> None:
         if self.pending is not None:
             ready, _ = ray.wait([self.pending], timeout=0)
             if not ready:
                 return
-            write_result(self.out_dir, self.answer(ray.get(self.pending)))
+            table = ray.get(self.pending)
+            if "window_start" in table.column_names:
+                self.open_windows = len(table.column("window_start").unique())
+            write_result(self.out_dir, self.answer(table))
             self.pending = None
             self.written += 1
         if time.time() >= self.next_ts:
@@ -612,7 +616,11 @@ class _PipelineRun:
                 lag = max(0, stream.rows - done)
                 self.lag_max = max(self.lag_max, lag)
                 self.bar.update(done, self.imb, lag)
-                self.live.update(done, self.imb, messages=stream.rows, lag=lag)
+                events = stream.events
+                self.live.update(done, self.imb, messages=stream.rows, lag=lag,
+                                 watermark=(None if events is None or events.watermark is None
+                                            else (events.watermark, str(events.unit))),
+                                 windows_open=self.results.open_windows)
                 self.results.poll()
                 if self.stopped_by is None:
                     self.stopped_by = self.stops.reason(run, now_s, stream.idle_s(since=t0))

@@ -302,9 +302,11 @@ class RunTelemetry:
         self.update(0, None)
 
     def update(self, acked: int, imbalance: float | None, *, messages: int | None = None,
-               lag: int | None = None) -> None:
+               lag: int | None = None, watermark: tuple[int, str] | None = None,
+               windows_open: int | None = None) -> None:
         """``messages``: the input so far (a live stream's grows); ``lag``: a live
-        stream's messages handed over and not yet processed."""
+        stream's messages handed over and not yet processed; a windowed live
+        stream's ``watermark`` (ticks, unit) and windows not emitted yet."""
         if messages is not None:
             self.messages = int(messages)
         self.emit(live_metrics.RUN_INFO, 1, **self.info)
@@ -314,6 +316,10 @@ class RunTelemetry:
             self.emit(live_metrics.RUN_IMBALANCE, imbalance)
         if lag is not None:
             self.emit(live_metrics.RUN_LAG, lag)
+        if watermark is not None:
+            self.emit(live_metrics.RUN_WATERMARK, watermark[0], unit=watermark[1])
+        if windows_open is not None:
+            self.emit(live_metrics.RUN_WINDOWS_OPEN, windows_open)
         self.emit(live_metrics.HEARTBEAT, self.wall())
 
 

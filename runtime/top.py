@@ -100,6 +100,8 @@ class RunView:
     acked: float | None = None
     imbalance: float | None = None
     lag: float | None = None  # a live stream's
+    watermark: tuple[float, str] | None = None  # a windowed live stream's (ticks, unit)
+    windows_open: float | None = None
     heartbeat: float = 0.0
     workers: dict[int, dict[str, float]] = field(default_factory=dict)
     sources: dict[int, dict[str, float]] = field(default_factory=dict)
@@ -169,6 +171,10 @@ def collect(samples: Iterable[Sample]) -> dict[str, RunView]:
             r.imbalance = s.value
         elif n == live_metrics.RUN_LAG:
             r.lag = s.value
+        elif n == live_metrics.RUN_WATERMARK:
+            r.watermark = (s.value, s.labels.get("unit", "int"))
+        elif n == live_metrics.RUN_WINDOWS_OPEN:
+            r.windows_open = s.value
         elif n in _WORKER:
             w = _index(actor, "worker")
             if w is not None:
@@ -255,6 +261,11 @@ def render(r: RunView, now: float, *, width: int = 100, color: bool = False,
         prog = f"{_num(done)} / {_num(r.messages)} ({frac:.0%}) {bar(frac, 20)}  "
     lines.append(f"processed {prog}throughput {_num(throughput)} msgs/s   "
                  f"imbalance I(t) {_num(imb, '.2f')}")
+    if r.watermark is not None:  # a windowed live stream
+        ticks, unit = r.watermark
+        wm = (time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(ticks / 1e6)) if unit == "us"
+              else f"{ticks:,.0f}")
+        lines.append(f"watermark {wm}   open windows {_num(r.windows_open)}")
     lines.append("")
 
     has_vw = bool(r.vw)

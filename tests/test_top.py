@@ -179,3 +179,15 @@ def test_main_once_against_an_http_endpoint(text: str, capsys, monkeypatch) -> N
         server.server_close()
     assert top.main(["--once", "--url", f"127.0.0.1:{port}"]) == 1  # nobody answers
     assert "0 of 1 metrics endpoint(s) answered" in capsys.readouterr().out
+
+
+def test_a_windowed_stream_shows_its_watermark_and_open_windows(text: str) -> None:
+    run = f'run="{RUN}",actor="driver"'
+    extra = (f'ray_hs_run_watermark{{{run},unit="us"}} 1795621711664649\n'
+             f'ray_hs_run_windows_open{{{run}}} 3\n')
+    r = collect(parse_prometheus(text + extra))[RUN]
+    assert r.watermark == (1795621711664649, "us") and r.windows_open == 3
+    out = render(r, r.heartbeat + 0.5, width=110)
+    assert "watermark 2026-11-25 15:48:31 UTC   open windows 3" in out
+    r.watermark = (12345.0, "int")
+    assert "watermark 12,345   open windows 3" in render(r, r.heartbeat + 0.5, width=110)

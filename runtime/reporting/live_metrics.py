@@ -46,6 +46,8 @@ RUN_MESSAGES = "hs_run_messages"
 RUN_ACKED = "hs_run_acked"
 RUN_IMBALANCE = "hs_run_imbalance"
 RUN_LAG = "hs_run_lag"
+RUN_WATERMARK = "hs_run_watermark"
+RUN_WINDOWS_OPEN = "hs_run_windows_open"
 # every actor
 HEARTBEAT = "hs_heartbeat_seconds"
 
@@ -104,6 +106,12 @@ METRICS: dict[str, MetricSpec] = {
         "gauge", "Current imbalance: max - mean of the workers' utilization."),
     RUN_LAG: MetricSpec(
         "gauge", "Live stream: messages Spark handed over that are not processed yet."),
+    RUN_WATERMARK: MetricSpec(
+        "gauge", "Windowed live stream: the newest event time handed over, in the event "
+                 "column's ticks (unit: int = its own units, us = microseconds since the epoch).",
+        ("unit",)),
+    RUN_WINDOWS_OPEN: MetricSpec(
+        "gauge", "Windowed live stream: windows held by the aggregator, not emitted yet."),
     HEARTBEAT: MetricSpec(
         "gauge", "Unix time of the actor's last telemetry update (staleness check)."),
 }
