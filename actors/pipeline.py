@@ -223,10 +223,14 @@ def _stream_checkpoint(topo: Topology, out_dir: str | Path,
         if ckpt_mod.exists(out_dir):
             raise TopologyError(f"--out: {out_dir} holds a live stream's checkpoint: add "
                                 f"--resume to continue that stream, or choose another --out")
-        if topo.run.checkpoint:
+        if topo.run.checkpoint or topo.app.window is not None:
             from runtime.operators import operator_for_app
 
             op = operator_for_app(topo.app.model_dump(), topo.base_dir)
+            if not op.spec.mergeable and topo.app.window is not None:
+                raise TopologyError(f"app.window: {op.spec.name} is not mergeable, so a live "
+                                    f"stream cannot emit its windows (the aggregator merges "
+                                    f"them); window a finite input, or use a mergeable operator")
             if not op.spec.mergeable:
                 raise TopologyError(f"run.checkpoint: {op.spec.name} is not mergeable, so its "
                                     f"state cannot be checkpointed; set run.checkpoint: false")
