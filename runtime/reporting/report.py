@@ -99,6 +99,9 @@ class WorkerReport(TypedDict):
     utilization: float  # mean U_w over the slots
     keys: int  # distinct keys held
     busy_fraction: float  # service time / duration
+    #: processed / service time: the rate it showed while busy (with emulated
+    #: service time about capacity * 1e6 / service_us; without, its own work's)
+    service_rate_msgs_per_s: float | None  # None: never busy
     mean_queue_msgs: float
     batches: int | None  # None: not counted (simulator)
     stopped_s: float | None  # time the throttler held it stopped; None: simulator
@@ -300,11 +303,13 @@ def build_report(topo: Topology, m: RunMeasurements) -> RunReport:
     groupings = [src["grouping"] for src in m.sources]
     imbalance = metrics.imbalance_summary(util)
     final_caps = s.capacity[-1] if len(s.capacity) else [w.capacity for w in m.workers]
+    busy_s = [float(s.busy[:, i].sum() * s.slot_s) for i in range(len(m.workers))]
     workers = [
         WorkerReport(
             id=i, capacity=float(w.capacity), final_capacity=float(final_caps[i]),
             processed=int(w.processed), utilization=float(util[:, i].mean()), keys=int(w.keys),
-            busy_fraction=float(s.busy[:, i].sum() * s.slot_s / duration) if duration > 0 else 0.0,
+            busy_fraction=busy_s[i] / duration if duration > 0 else 0.0,
+            service_rate_msgs_per_s=(w.processed / busy_s[i] if busy_s[i] > 0 else None),
             mean_queue_msgs=float(s.queue_msgs[:, i].mean()),
             batches=w.batches, stopped_s=w.stopped_s, signals_emitted=w.signals_emitted,
             latency_ms=w.latency_ms)
@@ -557,8 +562,11 @@ def summary_table(report: dict[str, Any]) -> str:
     width = max(len(r[0]) for r in rows)
     lines = [f"{a:<{width}}  {b}" for a, b in rows]
     lines.append("")
-    lines.append(f"{'worker':>6} {'capacity':>8} {'processed':>10} {'util':>6} {'keys':>8}")
+    lines.append(f"{'worker':>6} {'capacity':>8} {'processed':>10} {'util':>6} {'keys':>8} "
+                 f"{'service msgs/s':>14}")
     for w in report["workers"]:
+        rate = w.get("service_rate_msgs_per_s")
         lines.append(f"{w['id']:>6} {w['capacity']:>8.2f} {w['processed']:>10,} "
-                     f"{w['utilization']:>6.2f} {w['keys']:>8,}")
+                     f"{w['utilization']:>6.2f} {w['keys']:>8,} "
+                     f"{'-' if rate is None else f'{rate:,.0f}':>14}")
     return "\n".join(lines)
