@@ -215,6 +215,15 @@ class _Throttling:
                 self.status[node] = {"error": repr(e)}
 
 
+def _operator_modules(op: Any) -> tuple[str, ...]:
+    """The modules of a user's operator (its state's classes may live there)."""
+    inner = op.op
+    while hasattr(inner, "inner"):  # a windowed operator
+        inner = inner.inner.op
+    module = type(inner).__module__
+    return () if module.startswith("runtime.") else (module,)
+
+
 def _stream_checkpoint(topo: Topology, out_dir: str | Path,
                        resume: bool) -> ckpt_mod.Checkpoint | None:
     """The checkpoint a live stream resumes from (``None``: a new stream);
@@ -235,8 +244,11 @@ def _stream_checkpoint(topo: Topology, out_dir: str | Path,
                 raise TopologyError(f"run.checkpoint: {op.spec.name} is not mergeable, so its "
                                     f"state cannot be checkpointed; set run.checkpoint: false")
         return None
+    from runtime.operators import operator_for_app
+
     try:
-        ckpt = ckpt_mod.load(out_dir)
+        ckpt = ckpt_mod.load(out_dir, _operator_modules(
+            operator_for_app(topo.app.model_dump(), topo.base_dir)))
     except ValueError as e:
         raise TopologyError(f"--resume: {e}") from None
     if ckpt is None:

@@ -77,14 +77,62 @@ def save(out_dir: str | os.PathLike[str], ckpt: Checkpoint) -> int:
     return len(data)
 
 
-def load(out_dir: str | os.PathLike[str]) -> Checkpoint | None:
+#: what a checkpoint's state may be built from, besides plain data (dicts, lists,
+#: numbers, strings, bytes): Arrow's and numpy's reconstructors...
+_ALLOWED = {
+    "pyarrow.lib": {"_reconstruct_table", "_reconstruct_record_batch", "_restore_array",
+                    "chunked_array", "field", "schema", "type_for_alias", "py_buffer",
+                    "timestamp", "duration", "date32", "date64", "time32", "time64", "list_",
+                    "large_list", "struct", "dictionary", "decimal128", "decimal256", "map_",
+                    "binary", "large_binary", "string", "large_string", "null", "bool_"},
+    "numpy": {"dtype", "ndarray"},
+    "numpy._core.numeric": {"_frombuffer"}, "numpy.core.numeric": {"_frombuffer"},
+    "numpy._core.multiarray": {"_reconstruct", "scalar"},
+    "numpy.core.multiarray": {"_reconstruct", "scalar"},
+    "builtins": {"set", "frozenset", "bytearray", "complex", "slice"},
+    "collections": {"OrderedDict", "defaultdict", "Counter", "deque"},
+}
+#: ... and the classes of these modules (the built-in operators' states)
+_ALLOWED_MODULES = ("runtime.operators.",)
+
+
+class _Refused(pickle.UnpicklingError):
+    pass
+
+
+class _StateUnpickler(pickle.Unpickler):
+    """Unpickles only what a state is made of (``_ALLOWED``, classes of the
+    built-in operators' modules and of the user's operator ``modules``):
+    a file that names anything else (``os.system``) is refused before any
+    of it runs."""
+
+    def __init__(self, file: Any, modules: tuple[str, ...]) -> None:
+        super().__init__(file)
+        self.modules = modules
+
+    def find_class(self, module: str, name: str) -> Any:
+        ok = name in _ALLOWED.get(module, ())
+        if not ok and (module.startswith(_ALLOWED_MODULES) or module in self.modules):
+            ok = isinstance(getattr(__import__(module, fromlist=[name]), name, None), type)
+        if not ok:
+            raise _Refused(f"refuses {module}.{name}")
+        return super().find_class(module, name)
+
+
+def load(out_dir: str | os.PathLike[str], modules: tuple[str, ...] = ()) -> Checkpoint | None:
     """The checkpoint in ``out_dir`` (``None`` if there is none); ``ValueError``
-    (one line) for a file that is not one."""
+    (one line) for a file that is not one, or that would build anything but
+    a state (``_StateUnpickler``; ``modules``: the user's operator's modules,
+    whose classes a state may hold)."""
+    import io
+
     path = checkpoint_dir(out_dir) / STATE_FILE
     if not path.exists():
         return None
     try:
-        raw = pickle.loads(path.read_bytes())
+        raw = _StateUnpickler(io.BytesIO(path.read_bytes()), modules).load()
+    except _Refused as e:
+        raise ValueError(f"{path}: not a checkpoint of this runtime ({e})") from None
     except Exception as e:  # noqa: BLE001 - any unreadable file is the same error
         raise ValueError(f"{path}: not a readable checkpoint ({e.__class__.__name__})") from None
     if not isinstance(raw, dict) or raw.get("format") != FORMAT:

@@ -477,3 +477,59 @@ def test_a_second_run_on_a_live_out_directory_exits_2(tmp_path) -> None:
         import os
 
         os.close(cli._CLAIMED.pop(out.resolve()))
+
+
+class _Evil:
+    """A pickle that runs a command when loaded (what a forged state.pkl holds)."""
+
+    def __init__(self, marker) -> None:
+        self.marker = marker
+
+    def __reduce__(self):
+        import os
+
+        return (os.system, (f"touch {self.marker}",))
+
+
+def test_a_checkpoint_that_would_run_code_is_refused_before_any_runs(tmp_path) -> None:
+    import pickle
+
+    from runtime.dataflow import checkpoint as ck
+
+    marker = tmp_path / "ran"
+    d = tmp_path / ".checkpoint"
+    d.mkdir()
+    (d / "state.pkl").write_bytes(pickle.dumps(
+        {"format": ck.FORMAT, "batch_id": 0, "messages": 0, "state": _Evil(marker),
+         "app": {"kind": "wordcount"}}))
+    with pytest.raises(ValueError, match=r"not a checkpoint of this runtime \(refuses "
+                                         r"(posix|os)\.system\)"):
+        ck.load(tmp_path)
+    assert not marker.exists()
+
+
+@pytest.mark.parametrize("app", [
+    {"kind": "wordcount"}, {"kind": "naive-bayes"}, {"kind": "heavy-hitters"},
+    {"kind": "aggregate", "value": "amount", "aggs": ["count", "sum", "min", "max", "mean"]},
+    {"kind": "wordcount", "window": {"column": "ts", "size": 2}},
+    {"kind": "aggregate", "value": "amount", "aggs": ["mean"],
+     "window": {"column": "ts", "size": 2}},
+])
+def test_every_built_in_state_survives_the_checkpoints_safe_loader(tmp_path, app) -> None:
+    import pyarrow as pa
+
+    from runtime.dataflow import checkpoint as ck
+    from runtime.hashing import hash_arrow
+    from runtime.operators import AggregatorApp, WorkerApp, operator_for_app
+
+    op = operator_for_app(app)
+    agg, worker = AggregatorApp(op), WorkerApp(op)
+    batch = pa.record_batch({"key": ["a", None, "b"], "ts": pa.array([1, 2, 5]),
+                             "amount": [1.5, None, 2.0], "label": [0, 1, 1]})
+    for _ in range(3):
+        worker.add(batch.select(["key", *op.spec.columns]), hash_arrow(batch.column("key")))
+        agg.merge(worker.flush())
+    ck.save(tmp_path, ck.Checkpoint(7, 9, agg.state(), app))
+    again = AggregatorApp(op)
+    again.restore(ck.load(tmp_path).state)  # type: ignore[union-attr]
+    assert again.result().equals(agg.result())
