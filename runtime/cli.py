@@ -147,14 +147,20 @@ def parse_schemes(text: str, option: str = "--schemes") -> list[str]:
     return schemes
 
 
-#: exit code when the user's operator failed during a run
+#: exit codes (README, "Exit codes"): 0 done, 2 bad input, 130 interrupted, and
+#: the user's operator failed during a run
 EXIT_OPERATOR = 1
+#: ``--verify``: the result differs from Spark's answer
+EXIT_MISMATCH = 3
+#: anything else went wrong: a bug, or the engine (Ray, Spark) failed
+EXIT_INTERNAL = 70
 
 
 def run_main(main: Callable[[], int | None]) -> None:
     """Run a CLI main: TopologyError -> exit 2 with one line; an exception in
     the user's operator mid-run -> exit 1 with one line naming it (the run
-    wrote nothing); Ctrl-C -> 130."""
+    wrote nothing); Ctrl-C -> 130; any other exception -> its traceback, then
+    one line, exit 70."""
     from runtime.operators import find_operator_error
 
     try:
@@ -168,9 +174,16 @@ def run_main(main: Callable[[], int | None]) -> None:
     except Exception as e:
         op_error = find_operator_error(e)
         if op_error is None:
-            raise
-        print(f"error: {op_error}", file=sys.stderr)
-        code = EXIT_OPERATOR
+            import traceback
+
+            traceback.print_exc()
+            first = str(e).strip().splitlines()[0][:200] if str(e).strip() else ""
+            print(f"error: internal error: {type(e).__name__}{': ' + first if first else ''} "
+                  f"(exit {EXIT_INTERNAL}; the traceback is above)", file=sys.stderr)
+            code = EXIT_INTERNAL
+        else:
+            print(f"error: {op_error}", file=sys.stderr)
+            code = EXIT_OPERATOR
     raise SystemExit(code or 0)
 
 

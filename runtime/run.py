@@ -26,6 +26,7 @@ from typing import Any, NoReturn
 
 from runtime.cli import (
     EXIT_BAD_INPUT,
+    EXIT_MISMATCH,
     base_parser,
     check_address,
     claim_out_dir,
@@ -94,7 +95,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--verify", action="store_true",
                    help="compare result.parquet with Spark's own answer on the same (cached) "
                         "input, computed before the stream (a live stream's: after it); "
-                        "report.json gets a 'verify' block and a mismatch exits 1")
+                        "report.json gets a 'verify' block and a mismatch exits 3")
     args = p.parse_args(argv)
     phases.begin()  # the command's start: this process's creation
     topo = load_or_exit(args.topology, args.overrides, check_input=True)
@@ -181,7 +182,7 @@ def _run(topo: Topology, out: Path, args: Any, sizing_args: tuple[Any, ...], *,
           f"Spark and Ray shut down in {ph['finish_parts'].get('shutdown', 0):.1f} s); "
           f"wall time {ph['total']:.1f} s")
     if verdict is not None and not verdict["equal"]:
-        return 1
+        return EXIT_MISMATCH
     return 0
 
 

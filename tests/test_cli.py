@@ -83,3 +83,29 @@ def test_malformed_yaml_and_missing_topology(tmp_path: Path) -> None:
 def test_bad_option() -> None:
     p = run_cli("topologies/demo.yaml", "--bogus")
     assert p.returncode == 2 and len(p.stderr.strip().splitlines()) == 1
+
+
+def test_exit_codes_tell_a_bug_from_bad_input_and_an_operator(capsys) -> None:
+    from runtime.cli import EXIT_INTERNAL, run_main
+    from runtime.operators import OperatorError
+    from runtime.topology import TopologyError
+
+    def crash() -> int:
+        raise RuntimeError("a bug\nsecond line")
+
+    def bad() -> int:
+        raise TopologyError("workers.count: must be >= 1 (got 0)")
+
+    def operator() -> int:
+        raise OperatorError("app.operator: x.py:Op: ValueError in add: no")
+
+    for main, code, line in ((crash, EXIT_INTERNAL, "error: internal error: RuntimeError: a bug "
+                                                    "(exit 70; the traceback is above)"),
+                             (bad, 2, "error: workers.count: must be >= 1 (got 0)"),
+                             (operator, 1, "error: app.operator: x.py:Op: ValueError in add: no")):
+        with pytest.raises(SystemExit) as e:
+            run_main(main)
+        assert e.value.code == code
+        err = capsys.readouterr().err
+        assert err.strip().splitlines()[-1] == line
+        assert ("Traceback" in err) == (code == EXIT_INTERNAL)
