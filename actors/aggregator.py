@@ -17,6 +17,12 @@ class AggregatorActor(AggregatorCore):
     def pid(self) -> int:
         return os.getpid()
 
+    def capture_output(self, path: str, name: str) -> bool:
+        """The operator's prints go to the run's ``operators.log`` (``actors.operator_output``)."""
+        from actors.operator_output import capture
+
+        return capture(path, name)
+
     def node_id(self) -> str:
         import ray
 

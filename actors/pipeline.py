@@ -582,6 +582,13 @@ class _PipelineRun:
     def start(self) -> None:
         """One ``t0`` for every actor; then the throttlers, the sources and the stream go."""
         topo, stream = self.topo, self.stream
+        if topo.app.kind == "operator":  # what the user's operator prints: OUT/operators.log
+            from actors.operator_output import OPERATOR_LOG
+
+            log = str(Path(self.out_dir).resolve() / OPERATOR_LOG)
+            ray.get([w.capture_output.remote(log, f"worker-{i}")
+                     for i, w in enumerate(self.workers)]
+                    + [self.agg.capture_output.remote(log, "aggregator")])
         self.t0 = t0 = time.time()
         ray.get([w.start_run.remote(t0, self.namespace) for w in self.workers]
                 + [self.agg.start_run.remote(t0)])

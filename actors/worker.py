@@ -65,6 +65,12 @@ class WorkerActor:
                                            name=f"worker-{worker_id}-commits")
         self._committer.start()
 
+    def capture_output(self, path: str, name: str) -> bool:
+        """The operator's prints go to the run's ``operators.log`` (``actors.operator_output``)."""
+        from actors.operator_output import capture
+
+        return capture(path, name)
+
     def _warm_up(self) -> None:
         """Pay the one-time costs of the flush path now, before the run's clock
         starts: the first compact of an operator's state (lazy imports: 0.17 s

@@ -171,6 +171,12 @@ def _run(topo: Topology, out: Path, args: Any, sizing_args: tuple[Any, ...], *,
         if plotter is not None:
             plotter.join()
         _failed(e, out, log_file, existed)
+        from runtime.operators import OperatorError, find_operator_error
+
+        op_error = find_operator_error(e) if isinstance(e, Exception) else None
+        printed = out / "operators.log"
+        if op_error is not None and printed.exists() and printed.stat().st_size:
+            raise OperatorError(f"{op_error} (what it printed: {printed})") from None
         raise
     clock.part("shutdown", time.time() - t_down)
     plotter.join()

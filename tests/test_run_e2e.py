@@ -266,6 +266,34 @@ def test_operator_raising_mid_run_fails_with_one_line_and_writes_nothing(ray_spa
     assert not out.exists()
 
 
+def test_what_an_operator_prints_lands_in_operators_log(ray_spark, tmp_path) -> None:
+    """``print`` in the user's operator on a worker (Ray keeps actors' output
+    off the console): ``OUT/operators.log``, each line naming its actor."""
+    from actors.pipeline import run_pipeline
+    from runtime.operators import find_operator_error
+
+    op = tmp_path / "chatty.py"
+    op.write_text("class Op:\n"
+                  "    def create(self): return 0\n"
+                  "    def add(self, s, b):\n"
+                  "        print('adding', b.num_rows, 'rows')\n"
+                  "        if s + b.num_rows > 3000:\n"
+                  "            raise ValueError('bad record')\n"
+                  "        return s + b.num_rows\n"
+                  "    def merge(self, a, b): return a + b\n"
+                  "    def finish(self, s): return None\n")
+    topo = _topology("kg", {"format": "zipf", "messages": 20_000, "keys": 500},
+                     app={"kind": "operator", "operator": f"{op}:Op"})
+    out = tmp_path / "run"
+    out.mkdir()  # as runtime.run makes it
+    with pytest.raises(Exception) as e:
+        run_pipeline(topo, out, ray_spark, progress=False, log=lambda m: None)
+    assert find_operator_error(e.value) is not None
+    lines = (out / "operators.log").read_text().splitlines()
+    assert lines and all(ln.startswith("[worker-") and " adding " in ln for ln in lines), lines
+    assert not (out / "result.parquet").exists()
+
+
 #: what Spark's JVM, log4j and Ray print on their own (issue 26): never on our console
 NOT_OURS = ("WARN", "ERROR", "gcs_client", "log4j", "NativeCodeLoader", "Progress bars",
             "setLogLevel", "Dataset ")
