@@ -17,6 +17,7 @@ and Ray's own messages go to ``DIR/engine.log``, named when the run fails.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 import threading
@@ -96,6 +97,10 @@ def main(argv: list[str] | None = None) -> int:
                    help="compare result.parquet with Spark's own answer on the same (cached) "
                         "input, computed before the stream (a live stream's: after it); "
                         "report.json gets a 'verify' block and a mismatch exits 3")
+    p.add_argument("--prometheus", nargs="?", const="9090", default=None, metavar="PORT",
+                   help="start a Prometheus server on 127.0.0.1:PORT (default 9090) scraping "
+                        "the run's metrics every second, for the Ray dashboard and queries; "
+                        "its data stays in OUT/prometheus/ (needs the prometheus binary)")
     args = p.parse_args(argv)
     phases.begin()  # the command's start: this process's creation
     topo = load_or_exit(args.topology, args.overrides, check_input=True)
@@ -112,6 +117,19 @@ def main(argv: list[str] | None = None) -> int:
               f"scheme {topo.grouping.scheme}, app {topo.app.kind}, input {what}")
         return 0
     check_address(args.address)
+    if args.prometheus is not None:
+        port = _positive_int("--prometheus", args.prometheus)
+        if port > 65535:
+            fail(f"--prometheus: a TCP port, 1..65535 (got {args.prometheus!r})")
+        args.prometheus = port
+        from actors.prometheus import binary
+
+        try:
+            binary()
+        except TopologyError as e:
+            fail(str(e))
+        # the dashboard's metrics page asks this server (read when Ray starts)
+        os.environ.setdefault("RAY_PROMETHEUS_HOST", f"http://127.0.0.1:{port}")
     out = args.out or default_out_dir(topo.name)
     existed = Path(out).exists()  # (claim_out_dir creates it)
     resume = False
@@ -142,8 +160,15 @@ def _run(topo: Topology, out: Path, args: Any, sizing_args: tuple[Any, ...], *,
     plotter: threading.Thread | None = None
     plot_error: list[BaseException] = []
     try:
-        with RayEngine(topo.name, args.address, topo=topo, spark=sizing,
-                       log_file=log_file) as engine:
+        with contextlib.ExitStack() as stack:
+            if args.prometheus is not None:
+                from actors.prometheus import PrometheusServer
+
+                prom = stack.enter_context(PrometheusServer(out, args.prometheus))
+                print(f"[{topo.name}] prometheus: {prom.url} (query ray_hs_worker_rate; "
+                      f"its data: {prom.dir})", file=sys.stderr, flush=True)
+            engine = stack.enter_context(RayEngine(topo.name, args.address, topo=topo,
+                                                   spark=sizing, log_file=log_file))
             report = engine.run(topo, out, progress=not args.no_progress, resume=resume,
                                 verify=args.verify, plot=False)
             clock = engine.clock
