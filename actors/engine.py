@@ -95,6 +95,34 @@ def inline_args_env() -> dict[str, str]:
     return {INLINE_ARGS_ENV: os.environ.get(INLINE_ARGS_ENV, str(INLINE_ARGS_BYTES))}
 
 
+#: where ``ray.init`` logs its token-authentication notice (a WARNING on the
+#: console when ``RAY_AUTH_MODE`` is unset: "Token authentication is enabled
+#: for this Ray cluster. Set RAY_AUTH_MODE=disabled to opt out ...")
+RAY_AUTH_LOGGER = "ray._private.authentication"
+
+
+@contextlib.contextmanager
+def ray_notices_to(path: str | os.PathLike[str] | None) -> Iterator[None]:
+    """Inside the block, Ray's authentication notices (``RAY_AUTH_LOGGER``)
+    go to ``path`` instead of the console, like the rest of Ray's start-up
+    chatter (``None``: left alone). Ray's other loggers are untouched."""
+    if path is None:
+        yield
+        return
+    logger = logging.getLogger(RAY_AUTH_LOGGER)
+    handler = logging.FileHandler(path, delay=True)  # no file unless Ray says something
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    propagate = logger.propagate
+    logger.addHandler(handler)
+    logger.propagate = False  # not to the "ray" logger's console handler
+    try:
+        yield
+    finally:
+        logger.propagate = propagate
+        logger.removeHandler(handler)
+        handler.close()
+
+
 @contextlib.contextmanager
 def engine_session(app_name: str, address: str | None = None, *,
                    topo: Topology | None = None, spark: SparkSizing | None = None,
@@ -136,9 +164,10 @@ def engine_session(app_name: str, address: str | None = None, *,
     try:
         t_ray = time.time()
         try:
-            ctx = ray.init(address=address, runtime_env=runtime_env,
-                           logging_level=logging.WARNING, log_to_driver=False,
-                           _system_config=system_config or None)
+            with ray_notices_to(log_file):
+                ctx = ray.init(address=address, runtime_env=runtime_env,
+                               logging_level=logging.WARNING, log_to_driver=False,
+                               _system_config=system_config or None)
         except ConnectionError as e:
             fail(f"--address: cannot attach to the Ray cluster at {address!r} ({e})")
         phases.startup_step("ray", t_ray)

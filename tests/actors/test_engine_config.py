@@ -20,3 +20,30 @@ def test_a_users_setting_wins(monkeypatch, value: str) -> None:
     monkeypatch.setenv(engine.INLINE_ARGS_ENV, value)
     assert "max_direct_call_object_size" not in engine.ray_system_config()  # Ray reads the env
     assert engine.inline_args_env() == {"RAY_max_direct_call_object_size": value}
+
+
+def test_rays_token_auth_notice_goes_to_the_engine_log(tmp_path) -> None:
+    """``ray.init`` with ``RAY_AUTH_MODE`` unset logs "Token authentication is
+    enabled ..." at WARNING through Ray's console handler: inside
+    ``ray_notices_to(log)`` it is written to the log instead (issue 26)."""
+    import io
+    import logging
+
+    seen = io.StringIO()
+    console = logging.StreamHandler(seen)  # stands for Ray's handler on the "ray" logger
+    ray_logger = logging.getLogger("ray")
+    ray_logger.addHandler(console)
+    notice = logging.getLogger(f"{engine.RAY_AUTH_LOGGER}.authentication_token_setup")
+    log = tmp_path / "engine.log"
+    try:
+        with engine.ray_notices_to(log):
+            notice.warning("Token authentication is enabled for this Ray cluster.")
+        assert seen.getvalue() == ""
+        assert "WARNING" in log.read_text() and "Token authentication" in log.read_text()
+        notice.warning("after the block")  # left as it was
+        assert "after the block" in seen.getvalue()
+        with engine.ray_notices_to(tmp_path / "quiet.log"):
+            pass
+        assert not (tmp_path / "quiet.log").exists()  # nothing said: no file
+    finally:
+        ray_logger.removeHandler(console)
