@@ -491,12 +491,23 @@ def run_flink(cluster: FlinkCluster, job: str, data: Path, out: Path, *, service
     marks = [json.loads(f.read_text()) for f in spans.glob("*.json")]
     served = sum(m["n"] for m in marks)
     span = (max(m["last"] for m in marks) - min(m["first"] for m in marks)) if marks else None
-    if service_us > 0 and served != sum(read_csv_counts(result).values()):
+    counted = sum(read_csv_counts(result).values())
+    # the serving processes write their spans every 0.2 s and at close, which a
+    # torn-down Python worker may not reach: up to 0.2 s of records unreported
+    if service_us > 0 and not counted * 0.9 <= served <= counted:
         raise HarnessError(f"flink: job {job}: the serving functions report {served:,} records "
-                           f"served, the result counts {sum(read_csv_counts(result).values()):,}")
-    return {"wall_s": wall, "job_s": detail["duration"] / 1e3, "span_s": span,
+                           f"served, the result counts {counted:,}")
+    # each serving process's own rate while it served: a slow TaskManager's
+    # should be its capacity's share of a fast one's (the throttle composes)
+    rates = sorted(m["n"] / (m["last"] - m["first"]) for m in marks
+                   if m["n"] > 1 and m["last"] > m["first"])
+    return {"wall_s": wall, "job_s": detail["duration"] / 1e3, "span_s": span, "rates": rates,
             "vertex_s": max(vertices.values()), "vertices": vertices,
             "result": read_csv_counts(result)}
+
+
+def _rates(rates: list[float]) -> str:
+    return " ".join(f"{x:,.0f}" for x in rates) or "?"
 
 
 # ----------------------------------------------------------------------------- the table
@@ -571,7 +582,7 @@ class Sizes:
 
 
 FULL = Sizes(count_rows=4_000_000, work_rows=300_000, keys=50_000, service_us=200)
-QUICK = Sizes(count_rows=400_000, work_rows=40_000, keys=5_000, service_us=200)
+QUICK = Sizes(count_rows=400_000, work_rows=60_000, keys=10_000, service_us=200)
 
 
 def run(args: argparse.Namespace) -> list[Row]:
@@ -661,7 +672,8 @@ def run(args: argparse.Namespace) -> list[Row]:
             check("flink (keyBy)", r["result"], work_exact)
             rows.append(Row("keyed", "flink", "keyBy", sizes.work_rows, None, r["span_s"],
                             full_rate, f"{load} -> {loadavg()}",
-                            note=f"job {r['job_s']:.1f} s, client {r['wall_s']:.1f} s"))
+                            note=f"job {r['job_s']:.1f} s, client {r['wall_s']:.1f} s; "
+                                 f"per subtask msgs/s {_rates(r['rates'])}"))
         if "stateless" in jobs:
             for adaptive in (False, True):
                 load = loadavg()
