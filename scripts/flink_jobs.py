@@ -116,8 +116,8 @@ class Span:
         self.out_dir, self.first, self.last, self.n = out_dir, 0.0, 0.0, 0
         self.written = 0.0
 
-    def mark(self, k: int = 1) -> None:
-        t = time.time()
+    def mark(self, k: int = 1, t: float | None = None) -> None:
+        t = time.time() if t is None else t
         if self.n == 0:
             self.first = t
         self.last, self.n = t, self.n + k
@@ -143,10 +143,12 @@ class Server:
         self.emu = _emulator(service_us) if service_us > 0 else None
         self.chunk = max(1, round(10_000 / service_us)) if service_us > 0 else 1
         self.pending = 0
+        self.seen = 0.0
         self.span = Span(span_dir)
 
     def record(self) -> None:
         self.pending += 1
+        self.seen = time.time()
         if self.pending >= self.chunk:
             self.flush()
 
@@ -158,7 +160,15 @@ class Server:
             self.pending = 0
 
     def close(self) -> None:
-        self.flush()
+        # the last records (under 10 ms of work) are served now, but the span
+        # ends when they would have been served: close can come much later
+        # (when the whole job ends), and that wait is not this function's
+        if self.pending:
+            done = self.seen + self.pending * (self.emu.cost_s if self.emu else 0.0)
+            if self.emu is not None:
+                self.emu.serve(self.pending)
+            self.span.mark(self.pending, t=done)
+            self.pending = 0
         self.span.write()
 
 
