@@ -333,7 +333,9 @@ class FlinkCluster:
 @contextlib.contextmanager
 def throttled(cluster: FlinkCluster, capacities: list[float]) -> Iterator[DutyCycleThrottler]:
     """The project's duty-cycle throttler on every TaskManager below full speed:
-    its JVM and its Python workers (which appear when a job starts: polled)."""
+    its JVM and its Python workers (which appear when a job starts: polled).
+    A TaskManager is throttled once its first Python worker is up, as our
+    workers are throttled once their actors are up: its start-up at full speed."""
     thr = DutyCycleThrottler()
     slow = [(i, c) for i, c in enumerate(capacities) if c < 1.0]
     known: set[int] = set()
@@ -342,7 +344,10 @@ def throttled(cluster: FlinkCluster, capacities: list[float]) -> Iterator[DutyCy
     def poll() -> None:
         while True:
             for i, c in slow:
-                for pid in cluster.tm_tree(i):
+                tree = cluster.tm_tree(i)
+                if len(tree) < 2:  # the JVM alone: no Python worker yet
+                    continue
+                for pid in tree:
                     if pid not in known:
                         known.add(pid)
                         with contextlib.suppress(psutil.Error, ValueError):
