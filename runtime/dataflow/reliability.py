@@ -214,8 +214,11 @@ class Entry:
 
     @property
     def nbytes(self) -> int:
-        """What it holds in memory (records, hashes, indices, VWs)."""
-        return int(self.records.nbytes + self.hashes.nbytes + self.idx.nbytes
+        """What it holds in memory (records, hashes, indices, VWs). The records'
+        buffers are summed (``get_total_buffer_size``: 0.15 us; ``nbytes``
+        walks every column's slice, 2-4 us an entry): a ``take`` made them
+        compact, so the two agree within a few bytes."""
+        return int(self.records.get_total_buffer_size() + self.hashes.nbytes + self.idx.nbytes
                    + (0 if self.vws is None else self.vws.nbytes))
 
 
