@@ -122,12 +122,11 @@ def main(argv: list[str] | None = None) -> int:
         if port > 65535:
             fail(f"--prometheus: a TCP port, 1..65535 (got {args.prometheus!r})")
         args.prometheus = port
-        from actors.prometheus import binary
+        import shutil
 
-        try:
-            binary()
-        except TopologyError as e:
-            fail(str(e))
+        if shutil.which("prometheus") is None:  # (actors.prometheus starts it, in _run)
+            fail("--prometheus: no prometheus binary on PATH (Debian: apt-get install "
+                 "prometheus)")
         # the dashboard's metrics page asks this server (read when Ray starts)
         os.environ.setdefault("RAY_PROMETHEUS_HOST", f"http://127.0.0.1:{port}")
     out = args.out or default_out_dir(topo.name)
