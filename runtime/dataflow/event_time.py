@@ -33,23 +33,13 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from runtime.operators.windows import WindowLengths, event_ticks, time_unit
+from runtime.reporting.report import write_parquet_atomic
 
 WINDOWS_DIR = "windows"
 LATE_DIR = "late"
 LATE_FILE = "late.parquet"
 #: the bound an emission file covers (its windows end at or before it), in its metadata
 BOUND_KEY = b"hs.watermark"
-
-
-def _write_atomic(table: pa.Table, path: Path) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    try:
-        pq.write_table(table, tmp)
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
 
 
 class EventClock:
@@ -151,9 +141,9 @@ def write_late(out_dir: str | os.PathLike[str], batch_id: int, late: pa.Table) -
     out = Path(out_dir)
     path = out / LATE_DIR / f"{int(batch_id):012d}.parquet"
     if not path.exists():
-        _write_atomic(late, path)
+        write_parquet_atomic(late, path)
     files = sorted((out / LATE_DIR).glob("*.parquet"))
-    _write_atomic(pa.concat_tables([pq.read_table(f) for f in files],
+    write_parquet_atomic(pa.concat_tables([pq.read_table(f) for f in files],
                                    promote_options="permissive"), out / LATE_FILE)
 
 
@@ -166,7 +156,7 @@ def write_emission(out_dir: str | os.PathLike[str], batch_id: int, table: pa.Tab
         return None
     meta = dict(table.schema.metadata or {})
     meta[BOUND_KEY] = str(int(bound)).encode()
-    _write_atomic(table.replace_schema_metadata(meta), path)
+    write_parquet_atomic(table.replace_schema_metadata(meta), path)
     return path
 
 

@@ -518,19 +518,24 @@ def _umask() -> int:
     return mask
 
 
-def write_result(out_dir: str | os.PathLike[str], result: pa.Table) -> Path:
-    """Replace ``out_dir/result.parquet`` atomically (a live stream's answer so
-    far): a reader sees the previous file or the new one, never half of one."""
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    tmp = out / ".result.parquet.tmp"
+def write_parquet_atomic(table: pa.Table, path: str | os.PathLike[str]) -> Path:
+    """Write ``path`` through a hidden temporary file and a rename: a reader
+    sees the previous file or the new one, never half of one."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
     try:
-        pq.write_table(result, tmp)
-        os.replace(tmp, out / "result.parquet")
+        pq.write_table(table, tmp)
+        os.replace(tmp, path)
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
-    return out / "result.parquet"
+    return path
+
+
+def write_result(out_dir: str | os.PathLike[str], result: pa.Table) -> Path:
+    """Replace ``out_dir/result.parquet`` atomically (a live stream's answer so far)."""
+    return write_parquet_atomic(result, Path(out_dir) / "result.parquet")
 
 
 def summary_table(report: dict[str, Any]) -> str:
