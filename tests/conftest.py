@@ -101,3 +101,31 @@ class FakeTime:
 def fake_time() -> FakeTime:
     """A ``FakeTime`` at t = 1000 s, no overshoot, no stops."""
     return FakeTime()
+
+
+def start_then_kill_mid_file(cmd: list[str], cwd, counted, first_rows: int, drop_next,
+                             timeout_s: float = 300) -> None:
+    """Run ``cmd`` (a ``runtime.run`` of a live stream); once ``counted()``
+    reaches ``first_rows``, ``drop_next()`` lands the next file, and the run
+    is SIGKILLed as soon as it has counted part of it. Triggered by counts."""
+    import os
+    import subprocess
+    import time
+
+    env = {**os.environ, "RAY_AUTH_MODE": "disabled"}
+    first = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.DEVNULL,
+                             stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.time() + timeout_s
+        while counted() < first_rows:
+            assert first.poll() is None, first.stderr.read()  # type: ignore[union-attr]
+            assert time.time() < deadline, "the first file was never counted"
+            time.sleep(0.05)
+        drop_next()
+        while counted() == first_rows and time.time() < deadline:
+            time.sleep(0.02)  # the next file is being counted: kill mid-file
+        first.kill()
+        first.wait(30)
+    finally:
+        if first.poll() is None:
+            first.kill()

@@ -21,6 +21,7 @@ import pyarrow.compute as pc
 import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 import pytest
+from conftest import start_then_kill_mid_file
 
 from runtime.operators import table_diff
 from runtime.topology import load_topology
@@ -225,22 +226,8 @@ def test_a_stream_resumes_exactly_after_its_driver_is_killed(tmp_path) -> None:
     }))
     env = {**os.environ, "RAY_AUTH_MODE": "disabled"}
     cmd = [sys.executable, "-m", "runtime.run", str(topo), "--out", str(out), "--no-progress"]
-    first = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL,
-                             stderr=subprocess.PIPE, text=True)
-    try:
-        deadline = time.time() + 300
-        while _counted(out) < 20_000:
-            assert first.poll() is None, first.stderr.read()  # type: ignore[union-attr]
-            assert time.time() < deadline, "the first file was never counted"
-            time.sleep(0.05)
-        _drop(words.slice(20_000, 40_000), indir, "part-1.parquet")
-        while _counted(out) == 20_000 and time.time() < deadline:
-            time.sleep(0.02)  # the second file is being counted: kill mid-file
-        first.kill()
-        first.wait(30)
-    finally:
-        if first.poll() is None:
-            first.kill()
+    start_then_kill_mid_file(cmd, ROOT, lambda: _counted(out), 20_000,
+                             lambda: _drop(words.slice(20_000, 40_000), indir, "part-1.parquet"))
     dead = _dead_run_processes(out)
     _drop(words.slice(60_000, 10_000), indir, "part-2.parquet")  # while nobody runs
 

@@ -17,13 +17,13 @@ import json
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
+from conftest import start_then_kill_mid_file
 
 from runtime.operators import table_diff
 from runtime.topology import load_topology
@@ -133,22 +133,9 @@ def test_a_windowed_live_stream_emits_each_window_once_across_a_kill_and_resume(
     }))
     env = {**os.environ, "RAY_AUTH_MODE": "disabled"}
     cmd = [sys.executable, "-m", "runtime.run", str(topo), "--out", str(out), "--no-progress"]
-    first = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL,
-                             stderr=subprocess.PIPE, text=True)
-    try:
-        deadline = time.time() + 300
-        while _counted(out) < 20_000:
-            assert first.poll() is None, first.stderr.read()  # type: ignore[union-attr]
-            assert time.time() < deadline, "the first file was never counted"
-            time.sleep(0.05)
-        _drop(_words(420_000, 40_000, jitter[20_000:60_000]), indir, "part-1.parquet")
-        while _counted(out) == 20_000 and time.time() < deadline:
-            time.sleep(0.02)  # the second file is being counted: kill mid-file
-        first.kill()
-        first.wait(30)
-    finally:
-        if first.poll() is None:
-            first.kill()
+    start_then_kill_mid_file(
+        cmd, ROOT, lambda: _counted(out), 20_000,
+        lambda: _drop(_words(420_000, 40_000, jitter[20_000:60_000]), indir, "part-1.parquet"))
     emitted_before = sorted((out / "windows").glob("*.parquet"))
     assert emitted_before, "the first file's windows (the watermark passed them) were emitted"
     late_ts = list(range(60))  # far behind a watermark near 599
