@@ -7,9 +7,10 @@ up; tests share one session) and returns the report, phase by phase
 
 1. workers: the ``aggregator`` and ``worker-<i>`` actors are created first,
    so their processes start and warm up while Spark loads the input;
-2. load: ``build_dataframe`` + ``to_ray_shards`` (one shard per source), a
-   generated stream chunk by chunk (``input.chunk_messages``), or a live
-   stream's first file; then ``source-<i>`` and the ``actors.faults.Supervisor``
+2. load: the input handed to the sources while Spark still reads it
+   (``actors.spark_input.FeedLoad``: Spark's Arrow batches, partition by
+   partition, cut into blocks dealt to the sources; a generated stream chunk
+   by chunk with ``input.chunk_messages``), or a live stream's first file; then ``source-<i>`` and the ``actors.faults.Supervisor``
    over them all. Actors take ``num_cpus=0`` (they are I/O and sleep bound,
    and Spark's executor needs the CPU); each run has its own Ray namespace so
    names stay readable in the dashboard;
@@ -51,16 +52,9 @@ from actors import stream_input as stream_mod
 from actors import telemetry
 from actors import throttle as throttle_mod
 from actors import worker as worker_mod
-from actors.spark_input import (
-    ChunkedLoad,
-    build_dataframe,
-    generated_messages,
-    session_cpus,
-    to_ray_shards,
-)
+from actors.spark_input import FeedLoad, feed_load, session_cpus
 from runtime.dataflow import checkpoint as ckpt_mod
 from runtime.grouping import SCHEMES
-from runtime.inputs.input_check import shard_block_rows
 from runtime.placement import actor_options
 from runtime.reporting import phases as phases_mod
 from runtime.reporting import report as report_mod
@@ -69,14 +63,6 @@ from runtime.reporting.report import write_result, write_run
 from runtime.topology import Topology, TopologyError
 
 POLL_S = 0.25
-
-
-def _load_chunk(topo: Topology) -> int | None:
-    """Messages per chunk when the input is loaded chunk by chunk, else None."""
-    chunk = topo.input.chunk_messages
-    if not topo.input.generated or chunk is None or generated_messages(topo) <= chunk:
-        return None
-    return chunk
 
 
 def _counts_input_keys(topo: Topology) -> bool:
@@ -151,6 +137,11 @@ class _Progress:
             if post:
                 self.bar.set_postfix_str(" ".join(post), refresh=False)
         self.done = max(self.done, done)
+
+    def set_total(self, total: int) -> None:
+        if self.bar is not None:
+            self.bar.total = total
+            self.bar.refresh()
 
     def close(self) -> None:
         if self.bar is not None:
@@ -411,7 +402,7 @@ class _PipelineRun:
         self.bar = _Progress(0, False)
         self.stops = StopRequests()
         self.stream: stream_mod.LiveInput | None = None
-        self.chunked: ChunkedLoad | None = None  # a generated stream loaded chunk by chunk
+        self.loader: FeedLoad | None = None  # a finite input, handed over as Spark reads it
         self.stopped_by: str | None = None
         self.lag_max = 0
         self.history: list[dict[str, Any]] = []  # earlier attempts (run_with_restarts)
@@ -465,13 +456,14 @@ class _PipelineRun:
 
     # ------------------------------------------------------------------ 2. load
     def load(self, df: Any) -> None:
-        """The input: one Ray shard per source, or (a live stream) its first file."""
+        """The input: a ``FeedLoad`` started (its first block is in; ``load_s``
+        is that wait), or (a live stream) its first file."""
         topo, say = self.topo, self.say
         t_load = time.time()
         self.distinct_input: int | None = None
         if topo.input.stream:
             self.shards: list[Any] = [None] * topo.sources  # the sources are fed micro-batches
-            self.total = 0
+            self.total: int | None = 0
             with self.stops:
                 if not stream_mod.wait_for_first_file(topo.input_path() or Path(),
                                                       lambda: self.stops.signal is not None,
@@ -479,29 +471,14 @@ class _PipelineRun:
                     raise TopologyError(f"input.path: no file arrived in {topo.input.path!r}")
             say(f"[{topo.name}] live stream over {topo.input.path}; actors in Ray namespace "
                 f"{self.namespace}")
-        elif (chunk := _load_chunk(topo)) is not None:
-            self.chunked = ChunkedLoad(self.spark, topo, topo.sources, chunk,
-                                       block_rows=shard_block_rows(topo),
-                                       count_distinct=_counts_input_keys(topo))
-            self.actors.append(self.chunked.feed)
-            self.chunked.start()
-            self.shards, self.total = self.chunked.shards, self.chunked.messages
-            say(f"[{topo.name}] input: {self.total:,} messages in {self.chunked.chunks} "
-                f"chunks; the first in {time.time() - t_load:.1f} s, the sources start on "
-                f"it; actors in Ray namespace {self.namespace}")
-        else:
-            if df is None:
-                df = build_dataframe(self.spark, topo)
-            self.shards = to_ray_shards(df, topo.sources, block_rows=shard_block_rows(topo))
-            counts = [int(s.count()) for s in self.shards]
-            self.total = int(sum(counts))
-            if topo.sources > 1 and 0 in counts:
-                say(f"[{topo.name}] warning: uneven shards {counts} (a source has nothing to "
-                    f"send)")
-            self.distinct_input = (int(df.select("key").distinct().count())
-                                   if _counts_input_keys(topo) else None)
-            say(f"[{topo.name}] input ready: {self.total:,} messages in {topo.sources} "
-                f"shard(s), {time.time() - t_load:.1f} s; actors in Ray namespace "
+        else:  # the sources start on the first block while Spark produces the rest
+            self.loader = feed_load(self.spark, topo, df,
+                                    count_distinct=_counts_input_keys(topo))
+            self.actors.append(self.loader.feed)
+            self.loader.start()
+            self.shards, self.total = self.loader.shards, self.loader.messages
+            say(f"[{topo.name}] input: the first block in {time.time() - t_load:.1f} s, "
+                f"the sources start on it while Spark reads on; actors in Ray namespace "
                 f"{self.namespace}")
         self.load_s = time.time() - t_load
 
@@ -576,7 +553,7 @@ class _PipelineRun:
         self.live = telemetry.RunTelemetry(self.namespace, name=topo.name,
                                            scheme=topo.grouping.scheme, app=topo.app.kind,
                                            workers=self.n, sources=topo.sources,
-                                           messages=self.total)
+                                           messages=self.total or 0)
 
     # ------------------------------------------------------------------ 5. start
     def start(self) -> None:
@@ -632,8 +609,11 @@ class _PipelineRun:
                 utils = faults.utilizations()
                 self.imb = float(max(utils) - np.mean(utils))
             if stream is None:
+                if self.total is None and self.loader is not None and self.loader.done:
+                    self.total = self.loader.rows  # a file's length: known once read
+                    self.bar.set_total(self.total)
                 self.bar.update(done, self.imb)
-                self.live.update(done, self.imb)
+                self.live.update(done, self.imb, messages=self.total)
             else:
                 stream.check()
                 lag = max(0, stream.rows - done)
@@ -659,9 +639,12 @@ class _PipelineRun:
         flush and statistics, the aggregator's table."""
         stream = self.stream
         self.source_stats = ray.get(self.faults.runs)
-        if self.chunked is not None:  # every chunk was streamed: the load is over
-            self.chunked.join()
-            self.distinct_input = self.chunked.distinct
+        if self.loader is not None:  # every block was streamed: the load is over
+            self.loader.join()
+            self.total, self.distinct_input = self.loader.rows, self.loader.distinct
+            if 0 in self.loader.per_source:
+                self.say(f"[{self.topo.name}] warning: uneven shards {self.loader.per_source} "
+                         f"(a source had nothing to send)")
         if stream is not None:
             self.total = stream.rows
             if stream.cutting:  # everything handed over is committed: the last one
@@ -701,8 +684,8 @@ class _PipelineRun:
     def release(self) -> None:
         """Whatever happened: no process left stopped, no actor of the run left."""
         self.bar.close()
-        if self.chunked is not None:
-            self.chunked.stop()
+        if self.loader is not None:
+            self.loader.stop()
         if self.stream is not None:
             self.stops.__exit__()
             self.stream.stop()
@@ -724,7 +707,7 @@ class _PipelineRun:
         """``report.json`` (the shared report plus this engine's sections),
         ``timeseries.csv``, ``result.parquet``, ``report.png``; returns the report."""
         topo, throttling = self.topo, self.throttling
-        measured = measurements(topo, self.caps, self.total, self.duration_s, self.load_s,
+        measured = measurements(topo, self.caps, self.total or 0, self.duration_s, self.load_s,
                                 self.source_stats, self.worker_stats, self.result,
                                 self.agg_stats, self.distinct_input)
         report: dict[str, Any] = dict(report_mod.build_report(topo, measured))
@@ -737,9 +720,10 @@ class _PipelineRun:
                 node: ("driver" if node not in throttling.remote else f"throttle-{node[:8]}")
                 for node in throttling._targets}
         report["cluster"] = self.cluster_info
-        if self.chunked is not None:
-            c = self.chunked
+        if self.loader is not None:
+            c = self.loader
             report["input_load"] = {"chunks": c.chunks, "chunk_messages": c.chunk,
+                                    "block_rows": c.block_rows, "rows_per_source": c.per_source,
                                     "first_chunk_s": c.first_s, "all_chunks_s": c.all_s}
         if self.stream is not None:
             report["stream"] = {**self.stream.stats(), "stopped_by": self.stopped_by,

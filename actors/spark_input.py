@@ -46,9 +46,10 @@ from collections.abc import Iterator
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import ray
 
-from runtime.inputs.input_check import SHARD_BLOCK_ROWS
+from runtime.inputs.input_check import SHARD_BLOCK_ROWS, shard_block_rows
 from runtime.topology import FILE_FORMATS, Topology, TopologyError
 
 log = logging.getLogger(__name__)
@@ -520,37 +521,115 @@ def to_ray_shards(df: Any, n_sources: int, block_rows: int = SHARD_BLOCK_ROWS) -
     return [ray.data.from_arrow_refs(refs[s::n_sources]) for s in range(n_sources)]
 
 
-class ChunkedLoad:
-    """A generated stream loaded by Spark ``chunk`` messages at a time into a
-    ``ShardFeed`` (``actors.shard_feed``), by a thread of the driver, while the
-    sources already stream what came. ``shards``: what each source reads.
-    Blocks are dealt over the whole stream as ``to_ray_shards`` deals them.
+def arrow_batches(df: Any) -> Iterator[pa.RecordBatch]:
+    """``df``'s rows as Arrow record batches, in order, as Spark produces them.
 
-    ``start()`` returns once the first chunk is in (its error raised);
-    ``join()`` waits for the rest (and raises a later chunk's error, which the
-    sources raise too); ``stop()`` loads no further chunk. ``distinct``: with
-    ``count_distinct``, the whole stream's distinct keys, counted by Spark
-    after the last chunk.
+    One Spark job per partition, the next one already running
+    (``PythonRDD.toLocalIteratorAndServe``, the path of
+    ``DataFrame.toLocalIterator``), over Spark's own Arrow conversion
+    (``Dataset.toArrowBatchRdd``): the executor converts a partition to
+    Arrow and it reaches this process through Spark's socket, one partition
+    at a time. Nothing waits for the whole input, and no Ray task is
+    involved (``ray.data.from_spark`` needs a job over every partition and a
+    Ray task per block before the first row can move: docs/benchmarks.md,
+    "The input hand-over"). A failed Spark job raises here.
+    """
+    from pyspark.rdd import _local_iterator_from_socket
+    from pyspark.serializers import NoOpSerializer
+    from pyspark.sql.pandas.types import to_arrow_schema
+
+    schema = to_arrow_schema(df.schema)
+    jvm = df.sparkSession.sparkContext._jvm
+    served = jvm.PythonRDD.toLocalIteratorAndServe(df._jdf.toArrowBatchRdd(), True)
+    for payload in _local_iterator_from_socket(served, NoOpSerializer()):
+        yield pa.ipc.read_record_batch(pa.py_buffer(payload), schema)
+
+
+def _compact(batch: pa.RecordBatch) -> pa.RecordBatch:
+    """A copy of a sliced batch holding only its rows (pickling a slice, as
+    ``ray.put`` does, would carry the whole parent's buffers)."""
+    return pa.RecordBatch.from_arrays([pa.concat_arrays([c]) for c in batch.columns],
+                                      schema=batch.schema)
+
+
+class Blocks:
+    """Record batches in, blocks of exactly ``block_rows`` rows out (the last
+    one shorter), in stream order: block ``j`` of the stream, as the
+    simulator cuts it (``runtime.sim.cores``)."""
+
+    def __init__(self, block_rows: int) -> None:
+        self.block_rows = block_rows
+        self._pending: list[pa.RecordBatch] = []
+        self._rows = 0
+
+    def add(self, batch: pa.RecordBatch) -> Iterator[pa.Table]:
+        while batch.num_rows:
+            take = min(batch.num_rows, self.block_rows - self._rows)
+            if take < batch.num_rows:
+                head, batch = _compact(batch.slice(0, take)), _compact(batch.slice(take))
+            else:
+                head, batch = batch, batch.slice(0, 0)
+            self._pending.append(head)
+            self._rows += take
+            if self._rows == self.block_rows:
+                yield self._take()
+
+    def rest(self) -> Iterator[pa.Table]:
+        if self._rows:
+            yield self._take()
+
+    def _take(self) -> pa.Table:
+        table = pa.Table.from_batches(self._pending)
+        self._pending, self._rows = [], 0
+        return table
+
+
+class FeedLoad:
+    """The input, handed to the sources while Spark still produces it.
+
+    A thread of the driver reads Spark's Arrow batches partition by
+    partition (``arrow_batches``), cuts them into blocks of ``block_rows``
+    rows and puts each block in Ray's object store and in a ``ShardFeed``
+    (``actors.shard_feed``), dealt round-robin in stream order (block ``j``
+    to source ``j % n_sources``). The sources start on the first block.
+
+    ``frames``: the DataFrames that make up the stream, in order: a file's
+    one DataFrame, or a generated stream's chunks (``input.chunk_messages``,
+    one Spark job each; the whole stream when unset). ``messages``: the
+    stream's length when known beforehand (a generated stream), else None
+    until the load is over (``rows``).
+
+    ``start()`` returns once the first block is in (its error raised);
+    ``join()`` waits for the rest (and raises a later error, which the
+    sources raise too); ``stop()`` loads nothing further. ``distinct``:
+    with ``count_distinct``, the input's distinct keys (nulls one key, as
+    Spark's ``distinct().count()``), counted from the batches Spark handed over.
     """
 
-    def __init__(self, spark: Any, topo: Topology, n_sources: int, chunk: int,
+    def __init__(self, frames: Iterator[Any], n_sources: int, *, messages: int | None,
+                 chunks: int = 1, chunk: int | None = None,
                  block_rows: int = SHARD_BLOCK_ROWS, count_distinct: bool = False) -> None:
         from actors.shard_feed import FedShard, ShardFeed
 
-        self.spark, self.topo, self.n_sources = spark, topo, n_sources
-        self.messages = generated_messages(topo)
-        self.chunk, self.block_rows, self.count_distinct = chunk, block_rows, count_distinct
-        self.chunks = math.ceil(self.messages / chunk)
+        self.frames, self.n_sources, self.messages = frames, n_sources, messages
+        self.chunks, self.chunk, self.block_rows = chunks, chunk, block_rows
         self.feed = ShardFeed.remote(n_sources)  # type: ignore[attr-defined]
         self.shards = [FedShard(self.feed, s) for s in range(n_sources)]
         self.loaded = 0  # chunks in the feed
-        self.first_s: float | None = None  # the first chunk in, from start()
+        self.rows = 0  # rows in the feed
+        self.per_source = [0] * n_sources  # rows dealt to each source
+        self.first_s: float | None = None  # the first block in, from start()
         self.all_s: float | None = None  # the last one in
+        self._uniques: list[pa.Array] | None = [] if count_distinct else None
         self.distinct: int | None = None
         self.error: BaseException | None = None
         self._stopping = threading.Event()
         self._first = threading.Event()
-        self._thread = threading.Thread(target=self._load, name="chunked-load", daemon=True)
+        self._thread = threading.Thread(target=self._load, name="feed-load", daemon=True)
+
+    @property
+    def done(self) -> bool:
+        return self.all_s is not None
 
     def start(self) -> None:
         self._t0 = time.time()
@@ -567,39 +646,67 @@ class ChunkedLoad:
         if self.error is not None:
             raise self.error
 
+    def _deal(self, blocks: Iterator[pa.Table]) -> None:
+        per_source: list[list[Any]] = [[] for _ in range(self.n_sources)]
+        rows = 0
+        for block in blocks:
+            s = (self.rows + rows) // self.block_rows % self.n_sources
+            per_source[s].append(ray.put(block))
+            self.per_source[s] += block.num_rows
+            rows += block.num_rows
+        if rows:
+            ray.get(self.feed.add.remote(per_source, rows))
+            self.rows += rows
+            if self.first_s is None:
+                self.first_s = time.time() - self._t0
+                self._first.set()
+
     def _load(self) -> None:
-        columns = self.topo.app.columns_needed()
-        dealt = 0  # blocks of the stream so far
+        blocks = Blocks(self.block_rows)
         try:
-            for lo in range(0, self.messages, self.chunk):
-                if self._stopping.is_set():
-                    return
-                hi = min(self.messages, lo + self.chunk)
-                df = _generated_dataframe(self.spark, self.topo, columns, lo, hi)
-                refs = _block_refs_in_order(_from_spark(df), self.block_rows)
-                per_source: list[list[Any]] = [[] for _ in range(self.n_sources)]
-                for ref in refs:
-                    per_source[dealt % self.n_sources].append(ref)
-                    dealt += 1
-                ray.get(self.feed.add.remote(per_source, hi - lo))
+            for df in self.frames:
+                for batch in arrow_batches(df):
+                    if self._stopping.is_set():
+                        return
+                    if self._uniques is not None:
+                        self._uniques.append(pc.unique(batch.column("key")))
+                    self._deal(blocks.add(batch))
                 self.loaded += 1
-                if self.first_s is None:
-                    self.first_s = time.time() - self._t0
-                    self._first.set()
+            self._deal(blocks.rest())
+            if self._uniques is not None:
+                keys = pa.chunked_array(self._uniques, pa.string())
+                self.distinct = int(pc.count_distinct(keys, mode="all").as_py())
             ray.get(self.feed.finish.remote())
             self.all_s = time.time() - self._t0
-            if self.count_distinct:
-                whole = _generated_dataframe(self.spark, self.topo, columns)
-                self.distinct = int(whole.select("key").distinct().count())
         except BaseException as e:  # noqa: BLE001 - handed to join() and to the sources
             self.error = e
             try:
-                self.feed.fail.remote(f"input: loading chunk {self.loaded + 1} of "
+                self.feed.fail.remote(f"input: loading part {self.loaded + 1} of "
                                       f"{self.chunks} failed: {e}")
             except Exception:  # noqa: BLE001 - the feed is gone with the run
                 pass
         finally:
             self._first.set()
+
+
+def feed_load(spark: Any, topo: Topology, df: Any = None, *,
+              count_distinct: bool = False) -> FeedLoad:
+    """The topology's input as a ``FeedLoad`` (not started): a generated
+    stream in chunks of ``input.chunk_messages`` (whole when unset), else
+    ``df`` (default: ``build_dataframe``, whose one-line errors come from here)."""
+    block_rows = shard_block_rows(topo)
+    chunked = topo.input.generated and topo.input.chunk_messages is not None
+    if not chunked and (df is not None or not topo.input.generated):
+        frame = df if df is not None else build_dataframe(spark, topo)
+        return FeedLoad(iter([frame]), topo.sources, messages=None, block_rows=block_rows,
+                        count_distinct=count_distinct)
+    messages = generated_messages(topo)
+    chunk = min(topo.input.chunk_messages or messages, messages)
+    columns = topo.app.columns_needed()
+    frames = (_generated_dataframe(spark, topo, columns, lo, min(messages, lo + chunk))
+              for lo in range(0, messages, chunk))
+    return FeedLoad(frames, topo.sources, messages=messages, chunks=math.ceil(messages / chunk),
+                    chunk=chunk, block_rows=block_rows, count_distinct=count_distinct)
 
 
 # --------------------------------------------------------------------------- reference
@@ -626,8 +733,10 @@ def reference_result(df: Any, app: Any, top_k: int = 100) -> pa.Table:
 
 __all__ = [
     "JAVA17_OPTIONS",
-    "ChunkedLoad",
+    "FeedLoad",
+    "arrow_batches",
     "build_dataframe",
+    "feed_load",
     "reference_result",
     "session_cpus",
     "start_spark",

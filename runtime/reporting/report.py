@@ -190,7 +190,7 @@ class RunReport(TypedDict):
     app: str
     messages: Messages
     duration_s: float
-    load_s: float | None  # Ray: the input's loading and sharding; None: simulator
+    load_s: float | None  # Ray: the wait for the input's first block; None: simulator
     throughput_msgs_per_s: float
     capacity_efficiency: float | None  # throughput / full-speed rate; None: service_us 0
     latency_ms: LatencyMs

@@ -12,7 +12,13 @@ import pyarrow.parquet as pq
 import pytest
 import ray
 
-from actors.spark_input import build_dataframe, reference_result, to_ray_shards
+from actors.spark_input import (
+    FeedLoad,
+    arrow_batches,
+    build_dataframe,
+    reference_result,
+    to_ray_shards,
+)
 from runtime.dataflow.reliability import Part
 from runtime.inputs.generators import generate
 from runtime.operators import AggregatorApp, WorkerApp, builtin_operator, sort_result
@@ -31,9 +37,9 @@ def _topo(input_: dict, kind: str = "wordcount", **app):
 
 
 def _collect(df) -> pa.Table:
-    """Whole DataFrame via Ray (the production path), shards concatenated."""
-    shards = to_ray_shards(df, 1)
-    return pa.concat_tables(ray.get(shards[0].to_arrow_refs())).combine_chunks()
+    """Whole DataFrame as the sources get it (the production path: Spark's
+    Arrow batches, partition by partition)."""
+    return pa.Table.from_batches(list(arrow_batches(df))).combine_chunks()
 
 
 @ray.remote(num_cpus=0.25)
@@ -41,8 +47,15 @@ class _ShardReader:
     """Iterates a shard inside an actor, as a source does."""
 
     def read(self, shard, batch: int) -> tuple[list, list[int]]:
+        import time
+
+        from actors.shard_feed import FedShard
+
         keys, ts = [], []
-        for b in shard.iter_batches(batch_size=batch, batch_format="pyarrow"):
+        batches = ((b for t in shard.tables(time.sleep) for b in t.to_batches(batch))
+                   if isinstance(shard, FedShard)
+                   else shard.iter_batches(batch_size=batch, batch_format="pyarrow"))
+        for b in batches:
             assert b.num_rows <= batch
             keys.extend(b.column("key").to_pylist())
             if "label" in b.column_names:
@@ -166,10 +179,22 @@ def test_empty_input_is_a_clear_error(ray_spark, tmp_path) -> None:
         build_dataframe(ray_spark, _topo({"format": "parquet", "path": str(p)}))
 
 
-def test_shards_cover_every_row_once_iterated_in_actors(ray_spark) -> None:
+def _fed(df, n_sources: int, block_rows: int) -> list:
+    """The production hand-over (``FeedLoad``), loaded whole: one shard per source."""
+    load = FeedLoad(iter([df]), n_sources, messages=None, block_rows=block_rows)
+    load.start()
+    load.join()
+    return load.shards
+
+
+@pytest.mark.parametrize("hand_over", ["feed", "ray-data"])
+def test_shards_cover_every_row_once_iterated_in_actors(ray_spark, hand_over) -> None:
+    """Blocks of exactly 20k rows dealt round-robin (block j to source j % 2),
+    as the simulator deals them (``runtime.sim.cores``): by the production
+    hand-over, and by Ray Data's ``from_spark`` (the benchmarks' baseline)."""
     topo = _topo({"format": "evolving-zipf", "messages": 200_000, "keys": 1000, "shift_every": 50_000}, "naive-bayes")
     df = build_dataframe(ray_spark, topo)
-    shards = to_ray_shards(df, 2, block_rows=20_000)
+    shards = _fed(df, 2, 20_000) if hand_over == "feed" else to_ray_shards(df, 2, block_rows=20_000)
     assert len(shards) == 2
     readers = [_ShardReader.remote() for _ in shards]
     parts = ray.get([r.read.remote(s, 1000) for r, s in zip(readers, shards, strict=True)])
@@ -189,8 +214,14 @@ def test_shards_cover_every_row_once_iterated_in_actors(ray_spark) -> None:
     assert rebuilt_k == want["key"].tolist()
     assert np.array_equal(np.array(rebuilt_l), want["label"])
     # more sources than blocks: the extra shards are empty, nothing lost
-    tiny = to_ray_shards(build_dataframe(ray_spark, _topo({"format": "zipf", "messages": 100})), 3)
-    assert [s.count() for s in tiny] == [100, 0, 0]
+    tiny_df = build_dataframe(ray_spark, _topo({"format": "zipf", "messages": 100}))
+    if hand_over == "feed":
+        tiny = _fed(tiny_df, 3, 20_000)
+        got = ray.get([r.read.remote(s, 1000) for r, s in zip(
+            [_ShardReader.remote() for _ in tiny], tiny, strict=True)])
+        assert [len(k) for k, _ in got] == [100, 0, 0]
+    else:
+        assert [s.count() for s in to_ray_shards(tiny_df, 3)] == [100, 0, 0]
 
 
 def test_ray_data_still_works_after_from_spark(ray_spark) -> None:
