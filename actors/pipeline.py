@@ -10,8 +10,8 @@ up; tests share one session) and returns the report, phase by phase
 2. load: the input handed to the sources while Spark still reads it
    (``actors.spark_input.FeedLoad``: Spark's Arrow batches, partition by
    partition, cut into blocks dealt to the sources; a generated stream chunk
-   by chunk with ``input.chunk_messages``), or a live stream's first file; then ``source-<i>`` and the ``actors.faults.Supervisor``
-   over them all. Actors take ``num_cpus=0`` (they are I/O and sleep bound,
+   by chunk with ``input.chunk_messages``), or a live stream's first file;
+   then ``source-<i>`` and the ``actors.faults.Supervisor`` over them all. Actors take ``num_cpus=0`` (they are I/O and sleep bound,
    and Spark's executor needs the CPU); each run has its own Ray namespace so
    names stay readable in the dashboard;
 3. throttling: a duty-cycle (or cpulimit) throttler per node - a thread here

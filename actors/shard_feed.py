@@ -1,11 +1,10 @@
 """Input that reaches the sources while Spark still produces it.
 
-A generated stream of more than ``input.chunk_messages`` messages is produced
-by Spark in chunks of that many (one Spark job each, ``actors.spark_input.
-ChunkedLoad``, a thread of the driver); each chunk's blocks go into a
-``ShardFeed`` as soon as they are in Ray's object store, dealt to the sources
-exactly as ``to_ray_shards`` deals a whole input (block ``j`` of the stream to
-source ``j % n_sources``). The sources start on the first chunk.
+A thread of the driver (``actors.spark_input.FeedLoad``) reads Spark's Arrow
+batches partition by partition and cuts them into blocks; each block goes
+into a ``ShardFeed`` as soon as it is in Ray's object store, dealt to the
+sources in stream order (block ``j`` of the stream to source
+``j % n_sources``). The sources start on the first block.
 
 A source gets a ``FedShard`` (its feed and its index) instead of a Ray
 Dataset and reads its blocks in order, waiting for the next chunk when it has

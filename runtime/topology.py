@@ -115,10 +115,8 @@ class InputSpec(_Strict):
     classes: Annotated[int, Field(strict=True, ge=1, le=10_000)] = 2  # naive-bayes labels
     features: Annotated[int, Field(strict=True, ge=1, le=1000)] = 4  # naive-bayes features
     #: a generated stream of more messages than this is produced by Spark in
-    #: chunks of it: the sources start on the first chunk while Spark produces
-    #: the next (``actors.shard_feed``). Null (default) loads the whole stream
-    #: first: on a 2-core box both phases use every core, and overlapping them
-    #: starts the stream sooner but ends the run later (docs/benchmarks.md)
+    #: chunks of it, one Spark job each (null, the default: one job, whose
+    #: partitions are handed over one by one all the same; ``actors.shard_feed``)
     chunk_messages: Messages | None = None
     #: a live stream: ``path`` is a directory read by Spark Structured Streaming;
     #: every file that lands in it is processed (README, "Streams that keep coming")

@@ -25,7 +25,7 @@ Odd data that is legitimate is not an error; both engines treat it the same:
   a row whose label is null or not a number is dropped (an example without a
   class teaches nothing). No row left is an error.
 - The stream is cut in order into blocks of at most ``SHARD_BLOCK_ROWS`` rows,
-  dealt round-robin to the sources (``actors.spark_input.to_ray_shards``; the
+  dealt round-robin to the sources (``actors.spark_input.FeedLoad``; the
   simulator's ``shard_order``).
 """
 

@@ -216,7 +216,7 @@ class _Control:
 
 
 def _shards(inp: SimInput, sources: int, batch: int, block_rows: int) -> list[list[np.ndarray]]:
-    """As the real runtime shards its input (``actors.spark_input.to_ray_shards``):
+    """As the real runtime shards its input (``actors.spark_input.FeedLoad``):
     blocks of ``block_rows`` messages dealt round-robin to the sources; each
     source reads its blocks in order, in batches of ``batch`` (the message
     indices of each batch)."""

@@ -3,7 +3,7 @@
 A queueing model of the real runtime (docs/design.md), simulated at micro-batch
 granularity; no I/O, no wall clock, no Ray.
 
-- Stream: as in the real runtime (``actors.spark_input.to_ray_shards``), the
+- Stream: as in the real runtime (``actors.spark_input.FeedLoad``), the
   stream is cut in order into blocks of ``shard_block_rows`` (65,536) messages
   dealt round-robin to the sources (block ``j`` to source ``j mod sources``),
   so the sources advance through a time-evolving stream together; each source
