@@ -357,7 +357,7 @@ def test_the_first_loads_wait_for_every_sources_first_report() -> None:
 
 
 def test_a_source_that_never_reports_is_waited_for_two_epochs_at_most() -> None:
-    ctl = AcgController(2, 2 * R, t0=0.0, sources=2)
+    ctl = AcgController(2, 2 * R, t0=0.0, sources=2, epoch_s=1.0)
     ids = np.arange(2 * R)
     for t in (0.5, 1.0, 1.5, 2.0):
         ctl.report_routed(0, t - 0.5, t, ids, np.ones(2 * R))
