@@ -348,7 +348,7 @@ class _ArrivalBuckets:
         """The buckets ending at or before ``horizon`` (oldest first), removed,
         and the index of the first; after a long silence only the last
         ``MAX_BUCKETS`` of them."""
-        end = int((horizon - self.t0) // self.bucket_s)
+        end = int((horizon - self.t0) / self.bucket_s + 1e-9)  # (0.5 / 0.05: 10, not 9)
         first = max(self._next, end - MAX_BUCKETS)
         out = [self._open.pop(k, None) for k in range(first, end)]
         for k in [k for k in self._open if k < end]:
@@ -508,6 +508,7 @@ class AcgController:
             st.last_report = float(t0)
             st.prev_report = float(t0)
             st.anchor = (float(t0), st.served)
+            st.served_log = [(float(t0), st.served)]
 
     def remove_worker(self, worker: int) -> VwTable | None:
         w = int(worker)
@@ -527,6 +528,7 @@ class AcgController:
             t = self._arr_t[-1] if self._arr_t else self._last_tick
             self.rates[w].prev_report = self.rates[w].last_report = t
             self.rates[w].anchor = (t, 0.0)
+            self.rates[w].served_log = [(t, 0.0)]
         return self._publish(rebalance_joined(self.owner, self.alive, [w]), membership=True)
 
     # -- planning ---------------------------------------------------------------
