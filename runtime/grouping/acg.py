@@ -618,8 +618,9 @@ class AcgController:
                 self._arr_cum.append(self._arr_cum[-1])
             self._arr_t.append(a + d)
             self._arr_cum.append(self._arr_cum[-1] + per)
-        # what no backlog estimate can need again: before every anchor
-        oldest = min((self.rates[w].anchor[0] for w in self.alive), default=self._arr_t[-1])
+        # what no backlog estimate can need again: before every anchor (and
+        # before the buckets still to come, for the tables)
+        oldest = min([self._arr_t[-1], *(self.rates[w].anchor[0] for w in self.alive)])
         cut = bisect.bisect_right(self._arr_t, oldest) - 1
         if cut > 0:
             del self._arr_t[:cut], self._arr_cum[:cut]
