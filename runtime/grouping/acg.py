@@ -32,6 +32,12 @@ signalling:
   version; it travels back to the workers with the commit answers and from
   them, on acks, to the sources, which adopt any newer version
   (``on_ack(..., table=...)``).
+- **Backlogs** (``AcgController.backlog``): per worker, what its VWs were
+  routed minus what it served, since it was last idle; a plan counts the
+  part beyond the smallest (in seconds of work) as load to drain within
+  ``drain_s``, unless every worker is busy (saturated), so a slow worker
+  left with a backlog - the first moments' blind routing, a hot key that
+  landed on it - sheds VWs until it has drained.
 - **Membership** follows one deterministic rule on the sources and in the
   controller (``reassign_departed`` / ``rebalance_joined``), so a departure
   is handled at once on every source without waiting for the controller,
