@@ -32,6 +32,12 @@ signalling:
   version; it travels back to the workers with the commit answers and from
   them, on acks, to the sources, which adopt any newer version
   (``on_ack(..., table=...)``).
+- **Backlogs** (``AcgController.backlog``): per worker, what its VWs were
+  routed minus what it served, since it was last idle; a plan counts the
+  part beyond the smallest (in seconds of work) as load to drain within
+  ``drain_s``, unless every worker is busy (saturated), so a slow worker
+  left with a backlog - the first moments' blind routing, a hot key that
+  landed on it - sheds VWs until it has drained.
 - **Membership** follows one deterministic rule on the sources and in the
   controller (``reassign_departed`` / ``rebalance_joined``), so a departure
   is handled at once on every source without waiting for the controller,
@@ -48,6 +54,7 @@ static CG table with ``virtual_per_worker`` VWs per worker.
 
 from __future__ import annotations
 
+import bisect
 import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -66,9 +73,9 @@ from runtime.grouping.porc import (
 
 MAX_VIRTUAL_PER_WORKER = 1000
 #: arrivals are put on a timeline of buckets this long (seconds)
-BUCKET_S = 0.25
+BUCKET_S = 0.05
 #: at most this many buckets are folded at once (a long silence is not replayed)
-MAX_BUCKETS = 400
+MAX_BUCKETS = 2000
 #: rate samples per worker kept for the report
 RECENT = 8
 #: a plan must improve the bottleneck by this many standard errors of its estimate
@@ -79,6 +86,14 @@ MIN_BUSY_S = 0.02
 #: from its estimate, in the same direction two ticks in a row, starts over
 #: from the last tick's count: a hot key moved
 LOAD_JUMP_Z = 6.0
+#: a worker's backlog (messages routed to it and not served yet) counts in
+#: the plan as extra load that drains it within this many seconds
+DRAIN_S = 1.0
+#: a worker busy for less than this fraction of a report's window was idle in
+#: it: its backlog is counted again from there (from zero)
+IDLE_BUSY = 0.95
+#: report times kept per worker (backlog estimates interpolate in them)
+REPORT_LOG = 256
 
 
 # ============================================================================ the table
@@ -136,20 +151,23 @@ def rebalance_joined(owner: np.ndarray, alive: set[int], joined: Iterable[int]) 
 
 
 def bottleneck(owner: np.ndarray, vw_load: np.ndarray, rate: np.ndarray,
-               alive: Sequence[int]) -> float:
+               alive: Sequence[int], extra: np.ndarray | None = None) -> float:
     """``max_w load_w / rate_w`` over the live workers (the table's predicted
-    time per unit of input: lower = more throughput)."""
+    time per unit of input: lower = more throughput); ``extra[w]``: load of
+    worker ``w`` that no VW carries (a backlog to drain)."""
     load = np.bincount(owner, weights=vw_load, minlength=len(rate))
+    if extra is not None:
+        load = load + extra
     a = np.asarray(alive, dtype=np.int64)
     return float((load[a] / rate[a]).max())
 
 
 def _search(owner: np.ndarray, lam: np.ndarray, r: np.ndarray, live: np.ndarray,
-            steps: int, min_step: float) -> np.ndarray:
+            steps: int, min_step: float, extra: np.ndarray) -> np.ndarray:
     """Local search for the min-max table (see ``plan_table``)."""
     n = len(r)
     new = owner.copy()
-    load = np.bincount(new, weights=lam, minlength=n)
+    load = np.bincount(new, weights=lam, minlength=n) + extra
     count = np.bincount(new, minlength=n)
     others = np.flatnonzero(live)
     for _ in range(steps):
@@ -194,14 +212,14 @@ def _search(owner: np.ndarray, lam: np.ndarray, r: np.ndarray, live: np.ndarray,
 
 
 def _repair(owner: np.ndarray, lam: np.ndarray, r: np.ndarray, live: np.ndarray,
-            target: float) -> np.ndarray | None:
+            target: float, extra: np.ndarray) -> np.ndarray | None:
     """Few moves from ``owner`` to a table whose bottleneck is ``<= target``:
     each worker over ``target * rate`` sheds VWs (the smallest one that ends
     its excess alone, else its largest) to the live worker they fit best
     (least room left); None if a VW fits nowhere."""
     n = len(r)
     new = owner.copy()
-    load = np.bincount(new, weights=lam, minlength=n)
+    load = np.bincount(new, weights=lam, minlength=n) + extra
     cap = np.where(live, target * r, 0.0)
     for b in np.argsort(-(load - cap), kind="stable"):
         b = int(b)
@@ -230,12 +248,14 @@ def _repair(owner: np.ndarray, lam: np.ndarray, r: np.ndarray, live: np.ndarray,
 
 def plan_table(owner: np.ndarray, vw_load: np.ndarray, rate: np.ndarray,
                alive: Sequence[int], *, min_gain: float = 0.02, slack: float = 0.01,
-               min_step: float = 0.005, max_steps: int | None = None
-               ) -> tuple[np.ndarray, int]:
+               min_step: float = 0.005, max_steps: int | None = None,
+               extra: np.ndarray | None = None) -> tuple[np.ndarray, int]:
     """A min-max VW allocation, reached with few moves from ``owner``.
 
     ``vw_load[v]``: VW ``v``'s load (any unit); ``rate[w]``: worker ``w``'s
-    service rate (same unit per second; > 0 for live workers).
+    service rate (same unit per second; > 0 for live workers); ``extra[w]``
+    (default 0): load of worker ``w`` that stays whatever its VWs (the
+    controller's backlog-drain term), counted in every worker's utilization.
 
     1. Local search for the best bottleneck ``T*`` (``max_w load_w /
        rate_w``): repeatedly relieve the bottleneck worker ``b`` by the move
@@ -263,23 +283,38 @@ def plan_table(owner: np.ndarray, vw_load: np.ndarray, rate: np.ndarray,
     if (r <= 0).any() or not np.isfinite(r).all():
         raise ValueError("every live worker's rate must be > 0 and finite")
     cur = np.asarray(owner, dtype=np.int32)
+    ext = np.zeros(n) if extra is None else np.where(live, np.asarray(extra, np.float64), 0.0)
 
     def worst(table: np.ndarray) -> float:
-        return float((np.bincount(table, weights=lam, minlength=n) / r)[live].max())
+        return float(((np.bincount(table, weights=lam, minlength=n) + ext) / r)[live].max())
 
     before = worst(cur)
     best = _search(cur, lam, r, live, max_steps if max_steps is not None else 4 * len(cur),
-                   min_step)
+                   min_step, ext)
     t_best = worst(best)
     if not t_best <= before * (1.0 - min_gain):
         return cur, 0
-    fixed = _repair(cur, lam, r, live, min(t_best * (1 + slack), before * (1 - min_gain)))
+    fixed = _repair(cur, lam, r, live, min(t_best * (1 + slack), before * (1 - min_gain)),
+                    ext)
     if fixed is not None and (fixed != cur).sum() < (best != cur).sum():
         best = fixed
     return best, int((best != cur).sum())
 
 
 # ============================================================================ the controller
+
+
+def _interp(t: float, ts: list[float], cum: list[np.ndarray], w: int) -> float:
+    """Worker ``w``'s entry of the cumulative counts ``cum`` (at times ``ts``,
+    ascending) at time ``t``, linear in between, constant outside."""
+    i = bisect.bisect_right(ts, t)
+    if i == 0:
+        return float(cum[0][w])
+    if i == len(ts):
+        return float(cum[-1][w])
+    t0, t1 = ts[i - 1], ts[i]
+    a, b = float(cum[i - 1][w]), float(cum[i][w])
+    return a + (b - a) * (t - t0) / (t1 - t0) if t1 > t0 else b
 
 
 class _ArrivalBuckets:
@@ -315,16 +350,17 @@ class _ArrivalBuckets:
                     row = self._open[k] = np.zeros(self.n_virtual)
                 np.add.at(row, ids, c * share)
 
-    def take_complete(self, horizon: float) -> list[np.ndarray]:
-        """The buckets ending at or before ``horizon`` (oldest first), removed;
-        after a long silence only the last ``MAX_BUCKETS`` of them."""
-        end = int((horizon - self.t0) // self.bucket_s)
+    def take_complete(self, horizon: float) -> tuple[int, list[np.ndarray]]:
+        """The buckets ending at or before ``horizon`` (oldest first), removed,
+        and the index of the first; after a long silence only the last
+        ``MAX_BUCKETS`` of them."""
+        end = int((horizon - self.t0) / self.bucket_s + 1e-9)  # (0.5 / 0.05: 10, not 9)
         first = max(self._next, end - MAX_BUCKETS)
         out = [self._open.pop(k, None) for k in range(first, end)]
         for k in [k for k in self._open if k < end]:
             del self._open[k]
         self._next = max(self._next, end)
-        return [np.zeros(self.n_virtual) if x is None else x for x in out]
+        return first, [np.zeros(self.n_virtual) if x is None else x for x in out]
 
 
 @dataclass
@@ -340,6 +376,13 @@ class _Rate:
     recent: list[tuple[float, float]] = field(default_factory=list)  # (sample, busy s)
     rel_var: float = 0.0  # EWMA of squared relative deviations of the samples
     noise: float = 1.0  # relative standard error of ``value``
+    # -- the backlog (``AcgController.backlog``)
+    served: float = 0.0  # messages served since the start
+    served_log: list[tuple[float, float]] = field(default_factory=list)  # (t, served)
+    prev_report: float = 0.0  # the previous report's time (its window's start)
+    #: (t, served before t): the worker was idle at t - its backlog counts from there
+    anchor: tuple[float, float] = (0.0, 0.0)
+    idle: bool = True  # whether it was idle in its latest report's window
 
 
 @dataclass
@@ -363,9 +406,10 @@ class AcgController:
     changed). ``table()`` is the current one.
     """
 
-    def __init__(self, n_workers: int, n_virtual: int, *, epoch_s: float = 1.0,
+    def __init__(self, n_workers: int, n_virtual: int, *, epoch_s: float = 0.5,
                  tau_s: float = 2.0, load_tau_s: float = 4.0, jump: float = 0.25,
-                 min_gain: float = 0.02, alive: Iterable[int] | None = None,
+                 min_gain: float = 0.02, drain_s: float = DRAIN_S,
+                 alive: Iterable[int] | None = None,
                  t0: float | None = None, sources: int | None = None) -> None:
         self.n_workers = int(n_workers)
         #: the run's sources, if known: the first loads wait for each one's
@@ -377,6 +421,7 @@ class AcgController:
         self.load_tau_s = float(load_tau_s)
         self.jump = float(jump)
         self.min_gain = float(min_gain)
+        self.drain_s = float(drain_s)  # 0: backlogs do not count in plans
         self.alive = set(range(self.n_workers)) if alive is None else {int(w) for w in alive}
         self.owner = initial_table(self.n_workers, self.n_virtual, self.alive)
         self.version = 0
@@ -385,6 +430,11 @@ class AcgController:
         self._load_seen_s = 0.0
         self._load_pending = np.zeros(n_virtual, dtype=np.int8)  # last tick: +1 up, -1 down
         self._routed_to: dict[int, float] = {}  # per source: its load reports reach here
+        #: arrivals per worker since the start, at the end of each bucket taken
+        #: (each VW's counts go to its owner in the table of that time)
+        self._arr_t: list[float] = []
+        self._arr_cum: list[np.ndarray] = []
+        self._owner_log: list[tuple[float, np.ndarray]] = []  # (since, table)
         self.started = False  # reports and ticks before ``start`` are ignored
         self.finished = False  # a source reached its end: no more plans
         self.t0 = 0.0
@@ -405,6 +455,20 @@ class AcgController:
         st.processed += int(processed)
         st.busy_s += max(0.0, float(busy_s))
         st.last_report = float(now)
+        # the backlog: served messages over time, and where it was last empty
+        before = st.served
+        st.served += int(processed)
+        st.served_log = [*st.served_log[-(REPORT_LOG - 1):], (float(now), st.served)]
+        window = float(now) - st.prev_report
+        st.idle = window > 0 and float(busy_s) < IDLE_BUSY * window
+        if st.idle:
+            # idle in [prev_report, now]: empty at some time; if it was idle
+            # first, it worked through the window's last busy_s seconds and had
+            # served `before` when it started (if it worked first and then
+            # idled, that undercounts what it served: the estimate of its
+            # backlog now is <= 0, as it is)
+            st.anchor = (float(now) - float(busy_s), before)
+        st.prev_report = float(now)
 
     def report_routed(self, source: int, since: float, now: float, vw_ids: np.ndarray,
                       vw_counts: np.ndarray) -> None:
@@ -444,8 +508,13 @@ class AcgController:
         self._next_plan = float(t0) + min(FIRST_PLAN_S, self.epoch_s)
         self._arrivals = _ArrivalBuckets(self.n_virtual, float(t0), BUCKET_S)
         self._routed_to = {}
+        self._arr_t, self._arr_cum = [float(t0)], [np.zeros(self.n_workers)]
+        self._owner_log = [(float(t0), self.owner.copy())]
         for st in self.rates:
             st.last_report = float(t0)
+            st.prev_report = float(t0)
+            st.anchor = (float(t0), st.served)
+            st.served_log = [(float(t0), st.served)]
 
     def remove_worker(self, worker: int) -> VwTable | None:
         w = int(worker)
@@ -460,6 +529,12 @@ class AcgController:
             return None
         self.alive.add(w)
         self.rates[w] = _Rate()  # starts at the mean rate (see _rate_vector)
+        if self.started:
+            # its backlog counts from now (arrivals before belong to others)
+            t = self._arr_t[-1] if self._arr_t else self._last_tick
+            self.rates[w].prev_report = self.rates[w].last_report = t
+            self.rates[w].anchor = (t, 0.0)
+            self.rates[w].served_log = [(t, 0.0)]
         return self._publish(rebalance_joined(self.owner, self.alive, [w]), membership=True)
 
     # -- planning ---------------------------------------------------------------
@@ -513,7 +588,8 @@ class AcgController:
         reporting = [t for t in self._routed_to.values() if now - t <= 2 * self.epoch_s]
         horizon = min(reporting, default=now)
         d = self._arrivals.bucket_s
-        buckets = self._arrivals.take_complete(horizon)
+        first, buckets = self._arrivals.take_complete(horizon)
+        self._add_arrivals(first, buckets, d)
         jumped = self._load_jumps(buckets, d)
         for counts in buckets:
             sample = counts / d
@@ -529,6 +605,62 @@ class AcgController:
             self.vw_rate += alpha * (sample - self.vw_rate)
         if jumped is not None and self.vw_rate is not None:
             self.vw_rate[jumped] = np.sum(buckets, axis=0)[jumped] / (len(buckets) * d)
+
+    def _owner_at(self, t: float) -> np.ndarray:
+        """The controller's table at time ``t``."""
+        i = bisect.bisect_right([s for s, _ in self._owner_log], t) - 1
+        return self._owner_log[max(i, 0)][1]
+
+    def _add_arrivals(self, first: int, buckets: list[np.ndarray], d: float) -> None:
+        """Each bucket's routed counts, per worker: a VW's go to its owner in
+        the table of the bucket's middle (a source adopts a table a fraction
+        of a second after it is made, and re-routes what its outboxes hold)."""
+        for i, counts in enumerate(buckets):
+            a = self.t0 + (first + i) * d
+            per = np.bincount(self._owner_at(a + d / 2), weights=counts,
+                              minlength=self.n_workers)
+            if a > self._arr_t[-1]:  # a silence skipped: nothing arrived in it
+                self._arr_t.append(a)
+                self._arr_cum.append(self._arr_cum[-1])
+            self._arr_t.append(a + d)
+            self._arr_cum.append(self._arr_cum[-1] + per)
+        # what no backlog estimate can need again: before every anchor (and
+        # before the buckets still to come, for the tables)
+        oldest = min([self._arr_t[-1], *(self.rates[w].anchor[0] for w in self.alive)])
+        cut = bisect.bisect_right(self._arr_t, oldest) - 1
+        if cut > 0:
+            del self._arr_t[:cut], self._arr_cum[:cut]
+        if len(self._owner_log) > 1:
+            keep = bisect.bisect_right([s for s, _ in self._owner_log], oldest) - 1
+            if keep > 0:
+                del self._owner_log[:keep]
+
+    def backlog(self) -> np.ndarray:
+        """Per worker, messages routed to it that it has not served, as far
+        as the reports tell (0 for departed workers): the arrivals its VWs
+        received since it was last idle (``IDLE_BUSY``; the start, at first)
+        minus what it served since then, at the latest time both the sources'
+        and its own reports cover. Each count is exact; what is estimated is
+        which worker a VW's messages went to while the sources adopted a new
+        table (the owner at each bucket's middle)."""
+        out = np.zeros(self.n_workers)
+        if not self._arr_t:
+            return out
+        t_arr = self._arr_t[-1]
+        for w in self.alive:
+            st = self.rates[w]
+            if not st.served_log:
+                continue
+            t_a, served_a = st.anchor
+            tau = min(t_arr, st.served_log[-1][0])
+            if tau <= t_a:
+                continue
+            arrived = _interp(tau, self._arr_t, self._arr_cum, w) - _interp(
+                t_a, self._arr_t, self._arr_cum, w)
+            ts = [t for t, _ in st.served_log]
+            served = float(np.interp(tau, ts, [v for _, v in st.served_log])) - served_a
+            out[w] = max(0.0, arrived - served)
+        return out
 
     def _load_jumps(self, buckets: list[np.ndarray], d: float) -> np.ndarray | None:
         """The VWs whose routed counts over ``buckets`` left their estimates
@@ -565,7 +697,40 @@ class AcgController:
         vals = [self.rates[w].value for w in range(self.n_workers)]
         return np.array([mean if v is None else max(v, 1e-3 * mean) for v in vals])
 
-    def _gain_needed(self, lam: np.ndarray, rate: np.ndarray) -> float:
+    def _drain(self, rate: np.ndarray) -> np.ndarray:
+        """Per worker, the load (msgs/s) that drains its backlog within
+        ``drain_s`` - the part of it beyond the smallest backlog of a live
+        worker, in seconds of work: when every worker has one (saturated),
+        only the differences matter (who finishes last), not the sources'
+        memory bounds that fill them."""
+        out = np.zeros(self.n_workers)
+        alive = sorted(self.alive)
+        if self.drain_s <= 0 or not any(self.rates[w].idle for w in alive):
+            return out  # saturated: every backlog is the sources' memory bound
+        secs = self.backlog()[alive] / rate[alive]
+        out[alive] = np.maximum(secs - secs.min(), 0.0) * rate[alive] / self.drain_s
+        return out
+
+    def _move_backlog(self, owner: np.ndarray, lam: np.ndarray) -> None:
+        """A new table moves the backlog with the VWs: a source re-routes what
+        its outboxes hold for a moved VW to its new owner. Each worker's
+        backlog is taken as spread over its VWs like their loads, so a VW
+        moved from ``x`` to ``y`` takes ``B_x lam_v / lam_x`` with it (what
+        is already in ``x``'s queue stays: the estimate errs toward ``y``,
+        and is corrected when ``y`` is next idle)."""
+        b = self.backlog()
+        load = np.bincount(self.owner, weights=lam, minlength=self.n_workers)
+        for v in np.flatnonzero(owner != self.owner):
+            x, y = int(self.owner[v]), int(owner[v])
+            if b[x] <= 0 or load[x] <= 0:
+                continue
+            share = b[x] * lam[v] / load[x]
+            tx, sx = self.rates[x].anchor
+            self.rates[x].anchor = (tx, sx - share)
+            ty, sy = self.rates[y].anchor
+            self.rates[y].anchor = (ty, sy + share)
+
+    def _gain_needed(self, lam: np.ndarray, rate: np.ndarray, extra: np.ndarray) -> float:
         """Hysteresis: ``min_gain``, or more while the estimates are noisier.
 
         The current bottleneck worker's predicted utilization has a relative
@@ -576,7 +741,7 @@ class AcgController:
         estimates or a noisy machine do not move VWs back and forth."""
         load = np.bincount(self.owner, weights=lam, minlength=self.n_workers)
         alive = sorted(self.alive)
-        b = alive[int(np.argmax(load[alive] / rate[alive]))]
+        b = alive[int(np.argmax((load[alive] + extra[alive]) / rate[alive]))]
         span = min(self._load_seen_s, 2.0 * self.load_tau_s)
         load_noise = 1.0 / math.sqrt(max(load[b] * span, 1.0))
         noise = math.hypot(load_noise, self.rates[b].noise)
@@ -598,13 +763,16 @@ class AcgController:
         self._next_plan = now + self.epoch_s
         lam = self.vw_rate.copy()
         lam[lam <= 0] = lam[lam > 0].min() if (lam > 0).any() else 1.0
-        needed = self._gain_needed(lam, rate)
+        extra = self._drain(rate)
+        needed = self._gain_needed(lam, rate, extra)
         alive = sorted(self.alive)
-        owner, moved = plan_table(self.owner, lam, rate, alive, min_gain=needed)
+        owner, moved = plan_table(self.owner, lam, rate, alive, min_gain=needed, extra=extra)
         if not moved:
             return None
         self.stats.moves += moved
-        gain = 1.0 - bottleneck(owner, lam, rate, alive) / bottleneck(self.owner, lam, rate, alive)
+        gain = 1.0 - (bottleneck(owner, lam, rate, alive, extra)
+                      / bottleneck(self.owner, lam, rate, alive, extra))
+        self._move_backlog(owner, lam)
         return self._publish(owner, now=now, detail=(round(gain, 4), round(needed, 4)))
 
     def _publish(self, owner: np.ndarray, *, membership: bool = False,
@@ -615,6 +783,9 @@ class AcgController:
             return None
         self.owner = owner.astype(np.int32)
         self.version += 1
+        if self.started:
+            self._owner_log.append((float(now if now is not None else self._last_tick),
+                                    self.owner.copy()))
         if membership:
             self.stats.membership_moves += moved
         else:
@@ -659,7 +830,9 @@ class AdaptiveConsistentGrouping(VirtualWorkerGrouping):
             low, and the controller balances the uneven VW loads).
         virtual_per_worker: VWs per worker ``R``, in ``[1, 1000]`` (default 16):
             capacity shares in steps of ``1 / (n R)``.
-        epoch_s: the controller re-plans every ``epoch_s`` seconds (default 1).
+        epoch_s: the controller re-plans every ``epoch_s`` seconds (default 0.5;
+            the sources report their routed loads and the workers their rates
+            as often: a hot key that lands on a slow worker is seen sooner).
         tau_s: time constant of the workers' rate estimates (default 2 s).
         load_tau_s: time constant of the per-VW load estimates (default 4 s:
             short enough to follow hot keys that move every few seconds, as
@@ -671,9 +844,12 @@ class AdaptiveConsistentGrouping(VirtualWorkerGrouping):
             row, resets the estimate: a capacity change (default 0.25).
         min_gain: hysteresis, the smallest relative improvement of the
             bottleneck that changes the table (default 0.02).
+        drain_s: a worker's backlog counts in the plans as extra load that
+            drains it within ``drain_s`` seconds (default 1; 0: backlogs are
+            not counted, as before).
 
-    ``epoch_s``, ``tau_s``, ``jump`` and ``min_gain`` configure the controller
-    (``coordinator``), not routing.
+    ``epoch_s``, ``tau_s``, ``jump``, ``min_gain`` and ``drain_s`` configure
+    the controller (``coordinator``), not routing.
     """
 
     name = "acg"
@@ -687,11 +863,12 @@ class AdaptiveConsistentGrouping(VirtualWorkerGrouping):
         clock: Clock | None = None,
         eps: float = 2.0,
         virtual_per_worker: int = 16,
-        epoch_s: float = 1.0,
+        epoch_s: float = 0.5,
         tau_s: float = 2.0,
         load_tau_s: float = 4.0,
         jump: float = 0.25,
         min_gain: float = 0.02,
+        drain_s: float = DRAIN_S,
     ) -> None:
         super().__init__(n_workers, seed, clock)
         self.eps = validate_eps(eps)
@@ -702,6 +879,7 @@ class AdaptiveConsistentGrouping(VirtualWorkerGrouping):
             "load_tau_s": _validate_positive("load_tau_s", load_tau_s, 3600.0),
             "jump": _validate_positive("jump", jump, 100.0),
             "min_gain": _validate_positive("min_gain", min_gain, 1.0) if min_gain else 0.0,
+            "drain_s": _validate_positive("drain_s", drain_s, 3600.0) if drain_s else 0.0,
         }
         self._init_virtual_workers(self.eps, r)
         self.version = 0

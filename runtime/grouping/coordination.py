@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 #: workers report (and the controller plans) this early for the first time
-FIRST_PLAN_S = 0.5
+FIRST_PLAN_S = 0.1
 
 
 @dataclass(frozen=True)

@@ -357,7 +357,7 @@ def test_the_first_loads_wait_for_every_sources_first_report() -> None:
 
 
 def test_a_source_that_never_reports_is_waited_for_two_epochs_at_most() -> None:
-    ctl = AcgController(2, 2 * R, t0=0.0, sources=2)
+    ctl = AcgController(2, 2 * R, t0=0.0, sources=2, epoch_s=1.0)
     ids = np.arange(2 * R)
     for t in (0.5, 1.0, 1.5, 2.0):
         ctl.report_routed(0, t - 0.5, t, ids, np.ones(2 * R))
@@ -365,3 +365,117 @@ def test_a_source_that_never_reports_is_waited_for_two_epochs_at_most() -> None:
             ctl.report(w, 250, 0.5, t)
         ctl.tick(t)
         assert (ctl.vw_rate is None) == (t < 2.0)
+
+
+# ----------------------------------------------------------------------------- start-up and backlogs
+
+
+def test_the_first_plan_comes_a_tenth_of_a_second_in() -> None:
+    """A worker at a quarter of the other's speed: the first reports (0.1 s
+    in: ``FIRST_PLAN_S``) already give the first plan, which moves VWs off
+    the slow worker (it used to wait for 0.5 s of blind routing)."""
+    ctl = AcgController(2, 2 * R, t0=0.0, sources=1)
+    ctl.report(0, 50, 0.05, 0.1)  # 1000 msgs/s, idle half the time
+    ctl.report(1, 25, 0.1, 0.1)  # 250 msgs/s, busy all along
+    ctl.report_routed(0, 0.0, 0.1, np.arange(2 * R), np.full(2 * R, 100 / (2 * R)))
+    table = ctl.tick(0.1)
+    assert table is not None and ctl.stats.plans == 1
+    assert np.bincount(table.owner, minlength=2)[1] <= R // 2
+
+
+def test_backlog_is_what_a_worker_was_sent_and_did_not_serve_since_it_was_idle() -> None:
+    """Worker 0 busy all along gets 200 more than it serves, then 100 more; a
+    window it was idle in (busy 0.4 of 0.5 s) starts its count again at 0.
+    Worker 1 is idle in every window: 0. (``min_gain=1``: no plan moves
+    anything, so this is the accounting alone.)"""
+    ctl = AcgController(2, 2 * R, t0=0.0, sources=1, epoch_s=0.5, min_gain=1.0)
+    mine = [np.flatnonzero(ctl.owner == w) for w in (0, 1)]
+    ids = np.concatenate(mine)
+    t = 0.0
+    for sent, served, busy, expect in (((600, 300), (400, 300), (0.5, 0.3), (200, 0)),
+                                       ((300, 300), (400, 300), (0.5, 0.3), (100, 0)),
+                                       ((300, 300), (300, 300), (0.4, 0.3), (0, 0))):
+        t += 0.5
+        counts = np.concatenate([np.full(R, sent[w] / R) for w in (0, 1)])
+        ctl.report_routed(0, t - 0.5, t, ids, counts)
+        for w in (0, 1):
+            ctl.report(w, served[w], busy[w], t)
+        ctl.tick(t)
+        np.testing.assert_allclose(ctl.backlog(), expect, atol=1e-6)
+
+
+def _fluid_run(drain_s: float, epochs: int = 12) -> tuple[list[float], np.ndarray]:
+    """Two workers, 1000 and 250 msgs/s, offered 1000 msgs/s spread evenly over
+    the VWs, reporting every 0.5 s (the first time at 0.5 s: half a second of
+    blind routing, the slow worker getting twice its rate). A moved VW takes
+    its share of its old owner's backlog along (the sources re-route what
+    their outboxes hold). Returns the slow worker's true backlog (seconds of
+    its work) after each epoch and the table."""
+    cap, dt = np.array([1000.0, 250.0]), 0.5
+    ctl = AcgController(2, 2 * R, t0=0.0, sources=1, epoch_s=dt, drain_s=drain_s)
+    backlog, out, t = np.zeros(2), [], 0.0
+    for _ in range(epochs):
+        share = np.bincount(ctl.owner, minlength=2) / (2 * R)
+        arrived = 1000.0 * dt * share
+        served = np.minimum(backlog + arrived, cap * dt)
+        backlog = backlog + arrived - served
+        t += dt
+        ctl.report_routed(0, t - dt, t, np.arange(2 * R), np.full(2 * R, 1000.0 * dt / (2 * R)))
+        for w in (0, 1):
+            ctl.report(w, int(round(served[w])), served[w] / cap[w], t)
+        old = ctl.owner.copy()
+        if ctl.tick(t) is not None:
+            moved = np.zeros((2, 2))  # [from, to]: VWs
+            for v in np.flatnonzero(old != ctl.owner):
+                moved[old[v], ctl.owner[v]] += 1
+            have = np.bincount(old, minlength=2)
+            take = backlog * moved.sum(axis=1) / have
+            backlog = backlog - take + moved.T @ (backlog / have)
+        out.append(backlog[1] / cap[1])
+    return out, ctl.owner
+
+
+def test_a_backlogged_worker_sheds_vws_until_its_backlog_is_drained() -> None:
+    """The backlog left by the blind start counts as load to drain within
+    ``drain_s``: the first plan gives the slow worker fewer VWs than its rate
+    alone would, and what is left of its backlog after each of the next two
+    epochs is half or less of what is left without the drain term
+    (``drain_s=0``, the old behaviour: the slow worker planned at the fast
+    one's utilization, 0.8, drains at a fifth of its rate); then the table
+    goes back to the capacity-proportional one."""
+    with_drain, owner = _fluid_run(1.0)
+    without, owner0 = _fluid_run(0.0)
+    assert with_drain[0] <= without[0] / 2  # after the first plan: half as much left
+    assert with_drain[1] <= without[1] / 2
+    assert max(with_drain[2:]) == max(without[2:]) == 0.0
+    proportional_share = 2 * R * 250 / 1250
+    assert abs(np.bincount(owner, minlength=2)[1] - proportional_share) <= 1
+    assert abs(np.bincount(owner0, minlength=2)[1] - proportional_share) <= 1
+
+
+def test_a_saturated_cluster_drains_nothing() -> None:
+    """Every worker busy all along: the backlogs are the sources' memory
+    bounds, not a misplaced load - the same tables as without the drain
+    term, though worker 0 was sent twice what worker 1 was."""
+    tables = []
+    for drain_s in (1.0, 0.0):
+        ctl = AcgController(2, 2 * R, t0=0.0, sources=1, epoch_s=0.5, drain_s=drain_s)
+        for k in range(1, 8):
+            t = 0.5 * k
+            ctl.report_routed(0, t - 0.5, t, np.arange(2 * R),
+                              np.where(ctl.owner == 0, 2000.0, 1000.0) * 0.5 / R)
+            ctl.report(0, 500, 0.5, t)
+            ctl.report(1, 500, 0.5, t)
+            ctl.tick(t)
+        assert ctl.backlog()[0] > ctl.backlog()[1] > 0
+        tables.append(ctl.owner.copy())
+    np.testing.assert_array_equal(tables[0], tables[1])
+
+
+def test_plan_counts_a_workers_extra_load() -> None:
+    owner = np.repeat(np.arange(2, dtype=np.int32), 8)
+    lam, rate = np.ones(16), np.ones(2)
+    same, moved = plan_table(owner, lam, rate, [0, 1])
+    assert moved == 0
+    new, moved = plan_table(owner, lam, rate, [0, 1], extra=np.array([0.0, 4.0]))
+    assert moved == 2 and np.bincount(new, minlength=2).tolist() == [10, 6]
