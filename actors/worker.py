@@ -19,6 +19,7 @@ import numpy as np
 
 from runtime.dataflow.messages import Ack, CommitAnswer, Verdict
 from runtime.dataflow.reliability import Flush, Part, peak_rss_mb
+from runtime.dataflow.settings import WorkerSettings
 from runtime.dataflow.worker import WorkerCore
 from runtime.reporting.metrics import DistinctKeys
 
@@ -36,7 +37,7 @@ class WorkerActor:
     """
 
     def __init__(self, worker_id: int, app: dict[str, Any], base_dir: str,
-                 aggregator: Any, **kwargs: Any) -> None:
+                 aggregator: Any, settings: WorkerSettings) -> None:
         """``app``: the topology's ``app`` section (the operator is built here;
         ``base_dir`` resolves a user's file)."""
         import ray
@@ -51,12 +52,13 @@ class WorkerActor:
         self._commits: queue.Queue[tuple[int, Any] | None] = queue.Queue()
         self._inflight_commits = 0
         self._commit_lock = threading.Condition()
-        if kwargs.get("throttle", "duty-cycle") == "duty-cycle":
+        stopped_clock = None
+        if settings.throttle == "duty-cycle":
             from actors.throttle import StoppedClock
 
-            kwargs["stopped_clock"] = StoppedClock()  # what the throttler says, exactly
-        self.core = WorkerCore(worker_id, WorkerApp(operator_for_app(app, base_dir)),
-                               sink=self._sink, **kwargs)
+            stopped_clock = StoppedClock()  # what the throttler says, exactly
+        self.core = WorkerCore(worker_id, WorkerApp(operator_for_app(app, base_dir)), settings,
+                               sink=self._sink, stopped_clock=stopped_clock)
         self._warm_up()
         self._telemetry: Any = None  # live metrics (actors.telemetry), from start_run
         self._thread = threading.Thread(target=self._loop, name=f"worker-{worker_id}", daemon=True)

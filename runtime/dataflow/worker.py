@@ -57,6 +57,7 @@ from runtime.dataflow.latency import LatencyHistogram
 from runtime.dataflow.messages import Ack
 from runtime.dataflow.reliability import ClaimLog, Flush, Part, Tag
 from runtime.dataflow.service import ServiceEmulator
+from runtime.dataflow.settings import WorkerSettings
 from runtime.grouping.coordination import FIRST_PLAN_S, RateMeter
 from runtime.grouping.signals import LoadSignaler, WorkerSignals
 from runtime.reporting.metrics import DistinctKeys
@@ -305,46 +306,40 @@ class WorkerCore:
         self,
         worker_id: int,
         app: Any,
+        settings: WorkerSettings,
         *,
-        service_us: float,
-        capacity: float = 1.0,
-        throttle: str = "duty-cycle",
-        queue_batches: int = 8,
-        queue_capacity_batches: int | None = None,
-        slot_s: float = 0.5,
-        signals: WorkerSignals | None = None,
-        aggregate_every_s: float = 1.0,
         sink: Callable[[Flush], None] | None = None,
         t0: float | None = None,
         clock: Clock = time.time,
         sleep: Callable[[float], None] = time.sleep,
-        report_every_s: float | None = None,
         stopped_clock: Clock | None = None,
     ) -> None:
-        """``report_every_s``: coordinated schemes (ACG) - flushes also carry a
+        """``settings``: this worker's (``runtime.dataflow.settings``); with
+        ``report_every_s`` (coordinated schemes: ACG) flushes also carry a
         rate report (``FlushCadence``) and the controller's tables come back
-        (``on_table``)."""
+        (``on_table``). ``sink``: where flushes go (the aggregator's commit)."""
+        st = self.settings = settings
         self.worker_id = int(worker_id)
         #: the app's worker side: ``add(records, key_hashes)`` per sub-batch,
         #: ``flush()`` -> the partial sent to the aggregator
         self.app = app
         self._keys = DistinctKeys()
-        self.throttle = throttle
+        self.throttle = st.throttle
         self.clock = clock
-        self.capacity = float(capacity)
-        scale = self.capacity if throttle == "service" else 1.0
-        self.service = ServiceEmulator(service_us, scale, clock=clock, sleep=sleep,
+        self.capacity = float(st.capacity)
+        scale = self.capacity if st.throttle == "service" else 1.0
+        self.service = ServiceEmulator(st.service_us, scale, clock=clock, sleep=sleep,
                                        stopped_clock=stopped_clock)
-        self.queue_batches = int(queue_batches)
+        self.queue_batches = int(st.queue_batches)
         self._queue: queue.Queue[QueuedCall | None] = queue.Queue(maxsize=self.queue_batches)
         #: why the processing thread died, if it did (then every batch fails fast)
         self._dead: BaseException | None = None
         #: guards ``load``, ``_signals`` and the totals (latency, processed, batches)
         self._lock = threading.Lock()
-        self.load = LoadMeter(queue_capacity_batches or queue_batches, slot_s,
+        self.load = LoadMeter(st.queue_capacity_batches or st.queue_batches, st.slot_s,
                               clock() if t0 is None else float(t0), clock)
-        self._signals = SourceSignals(signals)
-        self._cadence = FlushCadence(aggregate_every_s, report_every_s, clock())
+        self._signals = SourceSignals(st.signals)
+        self._cadence = FlushCadence(st.aggregate_every_s, st.report_every_s, clock())
         self._tables = TableRelay()
         self.sink = sink
         self.latency = LatencyHistogram()

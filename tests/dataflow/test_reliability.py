@@ -25,6 +25,7 @@ from runtime.dataflow.reliability import (
     WorkerLost,
     resume_plan,
 )
+from runtime.dataflow.settings import AggregatorSettings, SourceSettings, WorkerSettings
 from runtime.dataflow.source import SourceCore
 from runtime.dataflow.worker import WorkerCore
 from runtime.grouping import make_grouping
@@ -101,7 +102,7 @@ def test_claim_log_flushes_fences_dedups_and_prunes() -> None:
 
 
 def test_ledger_commits_in_order_ignores_duplicates_and_fences() -> None:
-    agg = AggregatorCore({"kind": "wordcount"})
+    agg = AggregatorCore(AggregatorSettings({"kind": "wordcount"}))
     t = WorkerApp(builtin_operator("wordcount"))
 
     def flush(worker: int, seq: int, keys: list[str]) -> Flush:
@@ -170,17 +171,19 @@ class Cluster:
         ``coordinator``: a coordinated scheme's controller, in the aggregator."""
         self.ft = ft
         op = builtin_operator("wordcount")
-        self.agg = AggregatorCore({"kind": "wordcount"}, coordinator=coordinator, clock=ft.clock)
+        self.agg = AggregatorCore(AggregatorSettings({"kind": "wordcount"}),
+                                  coordinator=coordinator, clock=ft.clock)
         if coordinator is not None:
             coordinator.start(ft.t)
         self.dead: set[int] = set()
         caps = capacities or [1.0] * n
-        self.workers = [WorkerCore(i, WorkerApp(op), service_us=service_us, clock=ft.clock,
-                                   sleep=ft.sleep, t0=ft.t, sink=self._sink(i),
-                                   aggregate_every_s=aggregate_every_s, queue_batches=64,
-                                   capacity=caps[i], throttle="service",
-                                   report_every_s=1.0 if coordinator is not None else None)
-                        for i in range(n)]
+        self.workers = [
+            WorkerCore(i, WorkerApp(op), WorkerSettings(
+                service_us=service_us, aggregate_every_s=aggregate_every_s, queue_batches=64,
+                capacity=caps[i], throttle="service",
+                report_every_s=1.0 if coordinator is not None else None),
+                clock=ft.clock, sleep=ft.sleep, t0=ft.t, sink=self._sink(i))
+            for i in range(n)]
         self._tables: dict[int, object] = {}
 
     def _sink(self, i: int):
@@ -262,11 +265,12 @@ def _batches(data: list[str], size: int = 500) -> list[pa.Table]:
 
 def _source(cluster: Cluster, index: int, scheme: str, ft: FakeTime, params=None,
             **kw) -> SourceCore:
+    """``kw``: ``SourceSettings`` fields."""
     n = len(cluster.workers)
     return SourceCore(index, make_grouping(scheme, n, seed=index, clock=ft.clock,
                                            **(params or {})),
-                      Transport(cluster, index), n_workers=n, max_inflight=2, clock=ft.clock,
-                      sleep=ft.sleep, t0=ft.t, control=cluster, **kw)
+                      Transport(cluster, index), SourceSettings(n_workers=n, max_inflight=2, **kw),
+                      clock=ft.clock, sleep=ft.sleep, t0=ft.t, control=cluster)
 
 
 def test_acg_tables_reach_every_source_and_the_result_stays_exact() -> None:
@@ -328,8 +332,9 @@ def test_a_source_blocked_by_backpressure_learns_commits_from_the_aggregator() -
 
     ft = FakeTime()
     c = Cluster(2, ft, aggregate_every_s=1e6)  # flushes only when forced
-    src = SourceCore(0, make_grouping("sg", 2, seed=0), Transport(c, 0), n_workers=2,
-                     control=c, clock=ft.clock, sleep=ft.sleep, t0=ft.t)
+    src = SourceCore(0, make_grouping("sg", 2, seed=0), Transport(c, 0),
+                     SourceSettings(n_workers=2), control=c, clock=ft.clock, sleep=ft.sleep,
+                     t0=ft.t)
     for b in range(3):
         src.send_batch(pa.table({"key": [f"k{i}" for i in range(100)]}), batch=b)
     while src.outboxes.busy():  # every call acknowledged, none committed
@@ -374,7 +379,7 @@ def test_a_resume_plan_fences_a_dead_worker_before_it_reads_the_commits() -> Non
     8463)."""
     from runtime.dataflow.recovery import plan_resume
 
-    agg = AggregatorCore({"kind": "wordcount"})
+    agg = AggregatorCore(AggregatorSettings({"kind": "wordcount"}))
     late = Flush(1, 1, None, {0: [(0, np.arange(5, dtype=np.int32))]}, {}, 5)
     calls: list[str] = []
 
