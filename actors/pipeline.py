@@ -639,9 +639,9 @@ class _PipelineRun:
                 stream.finish_checkpoints()
                 stream.checkpoint()
         # the last ack, not when this loop noticed it (sources' clock: time.time)
-        self.duration_s = max(max(s["end_ts"] for s in self.source_stats) - self.t0, 1e-9)
-        self.bar.update(sum(s["acked"] for s in self.source_stats), self.imb)
-        self.live.update(sum(s["acked"] for s in self.source_stats), self.imb)
+        self.duration_s = max(max(s.end_ts for s in self.source_stats) - self.t0, 1e-9)
+        self.bar.update(sum(s.acked for s in self.source_stats), self.imb)
+        self.live.update(sum(s.acked for s in self.source_stats), self.imb)
         self.bar.close()
         if self.throttling is not None:  # stopped workers cannot flush
             self.throttling.stop()

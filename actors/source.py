@@ -11,6 +11,7 @@ the aggregator and the workers.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import os
 import threading
@@ -21,6 +22,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from runtime.dataflow.messages import SourceStats
 from runtime.dataflow.recovery import plan_resume
 from runtime.dataflow.reliability import Part, ResumePlan, WorkerLost, peak_rss_mb
 from runtime.dataflow.settings import SourceSettings
@@ -250,7 +252,7 @@ class SourceActor:
         first = next(it, None)
         self._prepared = it if first is None else itertools.chain([first], it)
 
-    def run(self, t0: float, run_id: str | None = None) -> dict[str, Any]:
+    def run(self, t0: float, run_id: str | None = None) -> SourceStats:
         """``run_id``: the run's name in live metrics (the driver passes its namespace)."""
         with self._lock:
             self.core.t0 = t0
@@ -267,10 +269,8 @@ class SourceActor:
                 batches, self._prepared = self._prepared or self._batches(), None
             with _LiveMetrics(self.core, run_id):
                 stats = self.core.run(batches, plan)
-            stats["started_ts"] = started
-            stats["resumed_ts"] = self.resumed_ts
-            stats["peak_rss_mb"] = peak_rss_mb()
-            return stats
+            return dataclasses.replace(stats, started_ts=started, resumed_ts=self.resumed_ts,
+                                       peak_rss_mb=peak_rss_mb())
 
     def progress(self) -> dict[str, Any]:
         return self.core.progress()

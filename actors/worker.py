@@ -10,6 +10,7 @@ blocks until its sub-batches are processed and returns the ack.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import queue
 import threading
@@ -17,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from runtime.dataflow.messages import Ack, CommitAnswer, Verdict
+from runtime.dataflow.messages import Ack, CommitAnswer, Verdict, WorkerStats
 from runtime.dataflow.reliability import Flush, Part, peak_rss_mb
 from runtime.dataflow.settings import WorkerSettings
 from runtime.dataflow.worker import WorkerCore
@@ -172,7 +173,7 @@ class WorkerActor:
     def progress(self) -> dict[str, Any]:
         return self.core.progress()
 
-    def finish(self) -> dict[str, Any]:
+    def finish(self) -> WorkerStats:
         self.core.stop()
         self._thread.join(timeout=30)
         if self._telemetry is not None:
@@ -180,10 +181,8 @@ class WorkerActor:
         self._raise_if_crashed()
         stats = self.core.finish()
         self._wait_commits()
-        stats["committed_seq"] = self.core.claims.committed_seq
-        stats["pid"] = os.getpid()
-        stats["peak_rss_mb"] = peak_rss_mb()
-        return stats
+        return dataclasses.replace(stats, committed_seq=self.core.claims.committed_seq,
+                                   pid=os.getpid(), peak_rss_mb=peak_rss_mb())
 
 
 def actor_class() -> Any:

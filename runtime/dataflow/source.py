@@ -70,6 +70,7 @@ from typing import Any, Protocol
 import numpy as np
 import pyarrow as pa
 
+from runtime.dataflow.messages import SourceStats
 from runtime.dataflow.outbox import Outboxes
 from runtime.dataflow.recovery import FailureLog, Membership, Resume, take_lost
 from runtime.dataflow.reliability import (
@@ -610,7 +611,7 @@ class SourceCore:
             self.sleep(timeout)
 
     def run(self, batches: Iterable[pa.Table | tuple[pa.Table, float]],
-            plan: ResumePlan | None = None) -> dict[str, Any]:
+            plan: ResumePlan | None = None) -> SourceStats:
         """Stream ``batches`` (the shard from its start); ``plan``: a restarted
         source's resume plan (batches before ``plan.start_batch`` are skipped).
         A live stream's batches are ``(table, handed_ts)``: its messages'
@@ -716,33 +717,33 @@ class SourceCore:
                 "done": self.done, "epoch": self.epoch, "retained": self.log.messages,
                 "failures": [dict(f) for f in self.failures.records]}
 
-    def stats(self, start: float | None = None) -> dict[str, Any]:
+    def stats(self, start: float | None = None) -> SourceStats:
         g = self.grouping.stats()
-        return {
-            "source": self.index,
-            "routed": self.routed,
-            "acked": self.acked,
-            "batches": self.batches,
-            "calls": self.outboxes.calls,
-            "sent_per_worker": self.sent_per_worker.tolist(),
-            "grouping": g,
-            "migrations": int(g.get("migrations", 0)),
-            "signals": dict(g.get("signals", {"increase": 0, "decrease": 0})),
-            "route_s": self.route_s,
-            "wait_s": self.wait_s,
-            "elapsed_s": (self.clock() - start) if start is not None else None,
-            "end_ts": self.acks_done_ts if self.acks_done_ts is not None else self.clock(),
-            "committed_ts": self.clock(),
-            "vw_history": self.vw_history,
-            "epoch": self.epoch,
-            "failures": self.failures.records,
-            "resume": self.resume.stats if self.resume is not None else None,
-            "live_workers": sorted(self.members.live),
-            "retained_peak_messages": self.retained_peak,
-            "retained_peak_bytes": self.retained_peak_bytes,
-            "joins": self.members.joins,
-            "rerouted_messages": self.rerouted,
-        }
+        return SourceStats(
+            source=self.index,
+            routed=self.routed,
+            acked=self.acked,
+            batches=self.batches,
+            calls=self.outboxes.calls,
+            sent_per_worker=self.sent_per_worker.tolist(),
+            grouping=g,
+            migrations=int(g.get("migrations", 0)),
+            signals=dict(g.get("signals", {"increase": 0, "decrease": 0})),
+            route_s=self.route_s,
+            wait_s=self.wait_s,
+            elapsed_s=(self.clock() - start) if start is not None else None,
+            end_ts=self.acks_done_ts if self.acks_done_ts is not None else self.clock(),
+            committed_ts=self.clock(),
+            vw_history=self.vw_history,
+            epoch=self.epoch,
+            failures=self.failures.records,
+            resume=self.resume.stats if self.resume is not None else None,
+            live_workers=sorted(self.members.live),
+            retained_peak_messages=self.retained_peak,
+            retained_peak_bytes=self.retained_peak_bytes,
+            joins=self.members.joins,
+            rerouted_messages=self.rerouted,
+        )
 
 
 class Cut:

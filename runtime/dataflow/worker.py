@@ -54,7 +54,7 @@ from typing import Any
 import numpy as np
 
 from runtime.dataflow.latency import LatencyHistogram
-from runtime.dataflow.messages import Ack
+from runtime.dataflow.messages import Ack, WorkerSeries, WorkerStats
 from runtime.dataflow.reliability import ClaimLog, Flush, Part, Tag
 from runtime.dataflow.service import ServiceEmulator
 from runtime.dataflow.settings import WorkerSettings
@@ -194,22 +194,20 @@ class LoadMeter:
         s = self.slots
         return float(sum(s.queue_batches_area.values())), float(sum(s.busy_s.values()))
 
-    def series(self, now_rel: float) -> dict[str, Any]:
-        """Per-slot time series from slot 0 to the one holding ``now_rel``:
-        processed, mean queue length (msgs, batches), busy fraction and a
-        sparse latency histogram per slot that has one."""
+    def series(self, now_rel: float) -> WorkerSeries:
+        """Per-slot time series from slot 0 to the one holding ``now_rel``."""
         self.account(now_rel)
         s = self.slots
         slots = range(0, max(s.slot_of(now_rel), 0) + 1)
         slot_s = s.slot_s
-        return {
-            "slot": list(slots),
-            "processed": [s.processed.get(k, 0) for k in slots],
-            "queue_msgs": [s.queue_msgs_area.get(k, 0.0) / slot_s for k in slots],
-            "queue_batches": [s.queue_batches_area.get(k, 0.0) / slot_s for k in slots],
-            "busy": [s.busy_s.get(k, 0.0) / slot_s for k in slots],
-            "latency": {k: h.to_sparse() for k, h in s.latency.items()},
-        }
+        return WorkerSeries(
+            slot=list(slots),
+            processed=[s.processed.get(k, 0) for k in slots],
+            queue_msgs=[s.queue_msgs_area.get(k, 0.0) / slot_s for k in slots],
+            queue_batches=[s.queue_batches_area.get(k, 0.0) / slot_s for k in slots],
+            busy=[s.busy_s.get(k, 0.0) / slot_s for k in slots],
+            latency={k: h.to_sparse() for k, h in s.latency.items()},
+        )
 
 
 class SourceSignals:
@@ -611,28 +609,28 @@ class WorkerCore:
                 "latency_max_s": self.latency.max_s,
             }
 
-    def finish(self) -> dict[str, Any]:
+    def finish(self) -> WorkerStats:
         """Final flush and the worker's statistics and per-slot time series."""
         self.maybe_flush(force=True)
         now_rel = self.load.rel(self.clock())
         with self._lock:
             series = self.load.series(now_rel)
             signals = self._signals.emitted()
-        return {
-            "id": self.worker_id,
-            "processed": self.processed,
-            "batches": self.batches,
-            "keys": self.distinct_keys,
-            "flushes": self.flushes,
-            "committed_seq": self.claims.committed_seq,
-            "rejected_batches": self.claims.rejected,
-            "duplicate_messages": self.claims.duplicates,
-            "stopped_s": self.service.stopped_s,
-            "latency": self.latency.to_sparse(),
-            "signals_emitted": signals,
-            "queue_capacity_batches": self.load.queue_capacity,
-            "series": series,
-        }
+        return WorkerStats(
+            id=self.worker_id,
+            processed=self.processed,
+            batches=self.batches,
+            keys=self.distinct_keys,
+            flushes=self.flushes,
+            committed_seq=self.claims.committed_seq,
+            rejected_batches=self.claims.rejected,
+            duplicate_messages=self.claims.duplicates,
+            stopped_s=self.service.stopped_s,
+            latency=self.latency.to_sparse(),
+            signals_emitted=signals,
+            queue_capacity_batches=self.load.queue_capacity,
+            series=series,
+        )
 
 
 def _new_only(part: Part, claims: ClaimLog) -> Part:

@@ -41,6 +41,7 @@ import numpy as np
 import pyarrow as pa
 
 from runtime.dataflow.aggregator import AggregatorCore
+from runtime.dataflow.messages import SourceStats
 from runtime.dataflow.reliability import Flush, Part
 from runtime.dataflow.settings import CoreSettings, coordinator_for
 from runtime.dataflow.source import SourceCore
@@ -279,7 +280,7 @@ def simulate_cores(topo: Topology, inp: SimInput) -> tuple[report_mod.RunMeasure
     cores = [SourceCore(s, src.grouping(s, clock=vt.clock), _Transport(vt, workers, s), src,
                         clock=vt.clock, sleep=vt.sleep, t0=t0, control=_Control(agg, workers, s))
              for s in range(topo.sources)]
-    stats: list[dict[str, Any]] = [{} for _ in cores]
+    stats: dict[int, SourceStats] = {}
     running = [len(cores)]
 
     def source(s: int) -> None:
@@ -294,7 +295,6 @@ def simulate_cores(topo: Topology, inp: SimInput) -> tuple[report_mod.RunMeasure
 
         core.send_step = paid_step  # type: ignore[method-assign]
         stats[s] = core.run(pa.Table.from_batches([inp.records(idx)]) for idx in shards[s])
-        stats[s].update(source=s, end_ts=core.acks_done_ts or vt.now, epoch=0, failures=[])
         running[0] -= 1
 
     def worker(w: int) -> None:
@@ -322,8 +322,9 @@ def simulate_cores(topo: Topology, inp: SimInput) -> tuple[report_mod.RunMeasure
     worker_stats = [core.finish() for core in workers]
     result = agg.result()
     agg_stats = agg.stats()
-    duration_s = max(max(s["end_ts"] for s in stats) - t0, 1e-9)
-    measured = measurements(topo, caps, inp.n, duration_s, 0.0, stats, worker_stats, result,
+    source_stats = [stats[s] for s in range(len(cores))]
+    duration_s = max(max(s.end_ts for s in source_stats) - t0, 1e-9)
+    measured = measurements(topo, caps, inp.n, duration_s, 0.0, source_stats, worker_stats, result,
                             agg_stats, engine="sim")
     agg_stats["simulated_in_s"] = time.time() - wall
     return measured, result, agg_stats

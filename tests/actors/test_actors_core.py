@@ -78,7 +78,7 @@ def test_source_to_workers_to_aggregator_is_exact(scheme: str) -> None:
     data = words(20_000)
     batches = [pa.table({"key": data[i:i + 1000]}) for i in range(0, len(data), 1000)]
     stats = src.run(batches)
-    assert stats["routed"] == stats["acked"] == 20_000
+    assert stats.routed == stats.acked == 20_000
     assert max(transport.max_inflight_seen.values()) <= 2  # backpressure window
     assert sum(w.processed for w in workers) == 20_000
     for w in workers:
@@ -88,7 +88,7 @@ def test_source_to_workers_to_aggregator_is_exact(scheme: str) -> None:
         agg.merge(p)
     got = dict(zip(*agg.result().to_pydict().values(), strict=True))
     assert got == dict(collections.Counter(data))
-    assert sum(stats["sent_per_worker"]) == 20_000
+    assert sum(stats.sent_per_worker) == 20_000
     if scheme == "kg":  # one worker per key: keys held add up to the distinct keys
         assert sum(w.distinct_keys for w in workers) == len(set(data))
 
@@ -107,7 +107,7 @@ def test_service_time_and_latency_are_per_message() -> None:
     assert w.latency.count == 200
     assert w.latency.sum_s / 200 == pytest.approx(0.1005)
     stats = w.finish()
-    assert stats["processed"] == 200 and stats["keys"] == 2
+    assert stats.processed == 200 and stats.keys == 2
 
 
 def test_service_mode_capacity_scales_rate() -> None:
@@ -155,10 +155,10 @@ def test_signals_one_per_slot_per_source_from_queue_utilization() -> None:
     w.step(0)
     assert item.ack.signal == 1
     stats = w.finish()
-    assert stats["signals_emitted"] == {"increase": 1, "decrease": 2}
-    s = stats["series"]
-    assert s["queue_batches"][0] == pytest.approx(4.0)
-    assert s["processed"][1] == 40
+    assert stats.signals_emitted == {"increase": 1, "decrease": 2}
+    s = stats.series
+    assert s.queue_batches[0] == pytest.approx(4.0)
+    assert s.processed[1] == 40
 
 
 def test_worker_time_series_slots() -> None:
@@ -170,10 +170,10 @@ def test_worker_time_series_slots() -> None:
     for _ in range(10):
         w.enqueue(0, [Part.of(pa.array(["k"] * 100), ft.t)])
         w.step(0)  # 0.1 s per batch: busy from 0 to 1.0 s
-    series = w.finish()["series"]
-    assert series["slot"] == [0, 1]
-    assert series["processed"] == [500, 500]  # batches ending at 0.1..0.5 s, 0.6..1.0 s
-    assert series["busy"] == pytest.approx([1.0, 0.45 / 0.55])
+    series = w.finish().series
+    assert series.slot == [0, 1]
+    assert series.processed == [500, 500]  # batches ending at 0.1..0.5 s, 0.6..1.0 s
+    assert series.busy == pytest.approx([1.0, 0.45 / 0.55])
 
 
 def _wait_for(condition, timeout_s: float = 10.0) -> bool:
@@ -212,7 +212,7 @@ def test_bounded_queue_blocks_and_worker_thread_drains() -> None:
     assert not th.is_alive()
     assert len(acks) == 12 and sum(a.acked for a in acks) == 600
     assert w.progress()["queue_msgs"] == 0
-    assert w.finish()["keys"] == 12
+    assert w.finish().keys == 12
 
 
 def test_source_honours_rate() -> None:
@@ -263,10 +263,10 @@ def test_every_ack_reaches_the_grouping_with_signals() -> None:
     src = SourceCore(0, g, DirectTransport(workers), SourceSettings(n_workers=3), clock=ft.clock,
                      sleep=ft.sleep, t0=0.0)
     stats = src.run([pa.table({"key": [f"k{i % 97}" for i in range(900)]}) for _ in range(30)])
-    assert sum(a for _, _, a in g.acks) == 27_000 == stats["acked"]
+    assert sum(a for _, _, a in g.acks) == 27_000 == stats.acked
     signals = [s for _, s, _ in g.acks if s]
     assert signals  # piggybacked on acks
-    assert stats["signals"]["increase"] + stats["signals"]["decrease"] == len(signals)
+    assert stats.signals["increase"] + stats.signals["decrease"] == len(signals)
 
 
 def test_latency_counts_from_the_scheduled_time_when_the_source_falls_behind() -> None:
@@ -323,7 +323,7 @@ def test_outboxes_are_bounded_and_keep_fifo_per_worker() -> None:
 
     src._flush = watching_flush
     stats = src.run([pa.table({"key": [f"k{i}" for i in range(100)]}) for _ in range(40)])
-    assert stats["acked"] == 4_000
+    assert stats.acked == 4_000
     assert 5 * 100 < longest <= 5 * 100 + 50  # the bound, plus the half batch just routed
     assert max(transport.max_inflight_seen.values()) <= 2
     for w in (0, 1):
@@ -352,7 +352,7 @@ def test_queued_sub_batches_are_coalesced_into_calls_up_to_the_cap() -> None:
                      clock=ft.clock, sleep=ft.sleep, t0=ft.t)
     keys = [f"k{i % 37}" for i in range(100)]
     stats = src.run([pa.table({"key": keys}) for _ in range(60)])  # 50 per worker and batch
-    assert stats["acked"] == 6_000 and stats["calls"] == len(calls)
+    assert stats.acked == 6_000 and stats.calls == len(calls)
     assert all(len(parts) == 1 for _, parts in calls)
     sizes = [len(parts[0]) for _, parts in calls]
     assert max(sizes) <= 700 and max(sizes) > 50  # coalesced, capped
@@ -420,7 +420,7 @@ def _calls_of(linger_s: float, rate: float = 0.0, behind_linger_s: float | None 
         total.update(dict(zip(t.column("key").to_pylist(), t.column("count").to_pylist(),
                               strict=True)))
     assert total == collections.Counter(keys * 60)
-    assert stats["acked"] == 6_000
+    assert stats.acked == 6_000
     return calls, stats, total
 
 
@@ -435,7 +435,7 @@ def test_lingering_outboxes_fill_calls_across_micro_batches() -> None:
     assert [n for _, n, _ in eager] == [50] * 120  # the windows were never full
     # 3,000 per worker: 50 first, then 14 full calls, and the 150 left at the end
     assert [n for _, n, _ in filled] == [50, 50] + [200] * 28 + [150, 150]
-    assert stats["calls"] == 32 and eager_stats["calls"] == 120
+    assert stats.calls == 32 and eager_stats.calls == 120
 
 
 def _steps_of(behind_linger_s: float, rate: float = 0.0
@@ -479,7 +479,7 @@ def _steps_of(behind_linger_s: float, rate: float = 0.0
     src.send_step = counting_step
     keys = [f"k{i % 37}" for i in range(100)]
     stats = src.run([pa.table({"key": keys}) for _ in range(60)])
-    assert stats["acked"] == 6_000 and stats["batches"] == 60
+    assert stats.acked == 6_000 and stats.batches == 60
     assert routed == [100] * 60  # each batch routed alone, in order
     assert sorted((b, len(idx)) for _, b, idx in segments) == [
         (b, 50) for b in range(60) for _ in (0, 1)]  # sg: one sub-batch of 50 per worker
@@ -528,7 +528,7 @@ def test_a_step_being_filled_goes_when_the_source_waits_for_input() -> None:
             at_idle.append((src.routed, int(src.outboxes.queued_n.sum())))
 
     stats = src.run(chunks())
-    assert stats["acked"] == 1_500
+    assert stats.acked == 1_500
     assert at_idle == [(500, 0), (1_000, 0), (1_500, 0)]
 
 
@@ -553,7 +553,7 @@ def test_a_step_stays_below_the_memory_bound_and_a_blocked_source_steps_one_batc
 
     src.send_step = watching_step
     stats = src.run([pa.table({"key": [f"k{i}" for i in range(100)]}) for _ in range(40)])
-    assert stats["acked"] == 4_000
+    assert stats.acked == 4_000
     assert after_blocked and set(after_blocked) == {1}
 
 
@@ -577,7 +577,7 @@ def test_a_paced_source_sends_a_lingering_outbox_when_it_is_due() -> None:
     call leaves exactly ``linger_s`` after its micro-batch was due - but a
     worker's first, which goes at once (no ack seen yet)."""
     calls, stats, _ = _calls_of(0.005, rate=1_000.0)
-    assert stats["calls"] == len(calls) == 120
+    assert stats.calls == len(calls) == 120
     assert [sent - emit for sent, _, emit in calls[:2]] == [0.0, 0.0]
     for sent, n, emit in calls[2:]:
         assert n == 50 and sent - emit == pytest.approx(0.005, abs=1e-9)
@@ -591,7 +591,7 @@ def test_a_source_behind_its_input_lingers_behind_linger_s() -> None:
     unpaced, stats, _ = _calls_of(0.0, behind_linger_s=0.005)
     assert [n for _, n, _ in unpaced] == [50, 50] + [200] * 28 + [150, 150]
     paced, stats, _ = _calls_of(0.005, rate=1_000.0, behind_linger_s=60.0)
-    assert stats["calls"] == len(paced) == 120
+    assert stats.calls == len(paced) == 120
     for sent, n, emit in paced[2:]:
         assert n == 50 and sent - emit == pytest.approx(0.005, abs=1e-9)
 

@@ -85,7 +85,7 @@ def test_source_routes_a_stream_and_latency_starts_at_the_handover() -> None:
     handed = ft.t - 2.0  # handed over 2 s before the source took it
     batches = [(pa.table({"key": data[i:i + 1000]}), handed) for i in range(0, 3000, 1000)]
     stats = src.run(batches)
-    assert stats["routed"] == stats["acked"] == 3000
+    assert stats.routed == stats.acked == 3000
     for w in workers:  # every message waited at least the 2 s since the handover
         assert w.latency.count and w.latency.sum_s / w.latency.count >= 2.0
         w.finish()

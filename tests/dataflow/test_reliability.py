@@ -309,19 +309,19 @@ def test_acg_tables_reach_every_source_and_the_result_stays_exact() -> None:
     sources = [_source(c, i, "acg", ft, params, call_messages=1) for i in range(2)]
     st0 = sources[0].run(_batches(data[0], 250))
     st1 = sources[1].run(killing(_batches(data[1], 250)))
-    assert st0["acked"] == st1["acked"] == 60_000
+    assert st0.acked == st1.acked == 60_000
     assert c.finish() == dict(collections.Counter(data[0] + data[1]))
     scripted = np.array([0, 1, 2, 3] * 8, dtype=np.int32)
     scripted[np.flatnonzero(scripted == 3)[1:]] = 0
     final = np.bincount(reassign_departed(scripted, {0, 2, 3}), minlength=4).tolist()
     assert ctl.summary()["vw_per_worker"] == final  # the scripted move, then the death
     # source 0 finished before the death, source 1 after it (its own rule, same result)
-    assert st0["grouping"]["vw_per_worker"] == np.bincount(scripted, minlength=4).tolist()
-    assert st1["grouping"]["vw_per_worker"] == final
+    assert st0.grouping["vw_per_worker"] == np.bincount(scripted, minlength=4).tolist()
+    assert st1.grouping["vw_per_worker"] == final
     for st in (st0, st1):
-        assert [v for _, v in st["grouping"]["tables_adopted"]][0] == 1
-    assert st0["rerouted_messages"] > 0  # queued for worker 3 when the table came
-    assert sum(st0["sent_per_worker"]) == 60_000
+        assert [v for _, v in st.grouping["tables_adopted"]][0] == 1
+    assert st0.rerouted_messages > 0  # queued for worker 3 when the table came
+    assert sum(st0.sent_per_worker) == 60_000
 
 
 def test_a_source_blocked_by_backpressure_learns_commits_from_the_aggregator() -> None:
