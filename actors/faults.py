@@ -43,7 +43,7 @@ from typing import Any, ClassVar
 import ray
 
 from runtime.dataflow.latency import LatencyHistogram
-from runtime.dataflow.messages import SourceStats, WorkerSeries, WorkerStats
+from runtime.dataflow.messages import AggregatorStats, SourceStats, WorkerSeries, WorkerStats
 from runtime.dataflow.reliability import FaultEvent, FaultSchedule, peak_rss_mb
 from runtime.topology import Topology
 
@@ -200,7 +200,7 @@ class ActorProcesses:
                 self.peak_rss[name] = mb
 
     def peaks(self, source_stats: list[SourceStats], worker_stats: list[WorkerStats],
-              agg_stats: dict[str, Any]) -> dict[str, float]:
+              agg_stats: AggregatorStats) -> dict[str, float]:
         """Peak RSS per actor, by name: the larger of what was sampled here
         and what the actor measured itself (the only number for other nodes)."""
         peak = dict(self.peak_rss)
@@ -213,7 +213,7 @@ class ActorProcesses:
             merge(f"worker-{i}", ws.peak_rss_mb)
         for ss in source_stats:
             merge(f"source-{ss.source}" + (f".{ss.epoch}" if ss.epoch else ""), ss.peak_rss_mb)
-        merge("aggregator", agg_stats.get("peak_rss_mb"))
+        merge("aggregator", agg_stats.peak_rss_mb)
         return dict(sorted(peak.items()))
 
 
@@ -467,12 +467,12 @@ class Supervisor:
                 got[i] = ray.get(ref)
             except ray.exceptions.RayActorError as e:
                 self._worker_died(i, type(e).__name__)
-        committed = ray.get(self.agg.stats.remote())["committed_messages"]
+        committed = ray.get(self.agg.stats.remote()).committed_messages
         return [got[i] if i in got else _dead_worker_stats(i, int(committed.get(str(i), 0)))
                 for i in range(len(self.workers))]
 
     def report(self, source_stats: list[SourceStats], worker_stats: list[WorkerStats],
-               agg_stats: dict[str, Any]) -> dict[str, Any]:
+               agg_stats: AggregatorStats) -> dict[str, Any]:
         """``failures``, ``peak_rss_mb`` and ``restarts`` for report.json."""
         records = self._worker_failure_records(source_stats)
         for ev in self.events:
@@ -535,7 +535,7 @@ class Supervisor:
         ev.skipped_messages = int(res.get("skipped_messages", 0))
 
     def annotate(self, report: dict[str, Any], source_stats: list[SourceStats],
-                 worker_stats: list[WorkerStats], agg_stats: dict[str, Any]) -> None:
+                 worker_stats: list[WorkerStats], agg_stats: AggregatorStats) -> None:
         """Add the failure and memory keys to a built report (never removes any)."""
         report.update(self.report(source_stats, worker_stats, agg_stats))
         report["messages"]["replayed"] = sum(f["replayed_messages"] for f in report["failures"])

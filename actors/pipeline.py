@@ -699,7 +699,7 @@ class _PipelineRun:
                                 self.source_stats, self.worker_stats, self.result,
                                 self.agg_stats, self.distinct_input)
         report: dict[str, Any] = dict(report_mod.build_report(topo, measured))
-        report["aggregator"] = self.agg_stats
+        report["aggregator"] = self.agg_stats.as_report()
         report["throttle"] = throttling.status if throttling else {}
         for w_report, node in zip(report["workers"], self.nodes, strict=True):
             w_report["node_id"] = node  # where it ran (placement is checked against this)

@@ -27,7 +27,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from runtime.dataflow.messages import CommitAnswer, Verdict
+from runtime.dataflow.messages import AggregatorStats, CommitAnswer, Verdict
 from runtime.dataflow.reliability import CommitLedger, Flush, peak_rss_mb
 from runtime.dataflow.settings import AggregatorSettings
 
@@ -149,13 +149,10 @@ class AggregatorCore:
         calls, so no flush is half in it."""
         return self.app.state()
 
-    def stats(self) -> dict[str, Any]:
-        out = {"partials": self.partials, **self.ledger.stats(),
-               "early_flushes": sum(len(v) for v in self._early.values()),
-               "peak_rss_mb": peak_rss_mb()}
-        if self.coordinator is not None:
-            out["coordinator"] = self.coordinator.summary()
-        windows = self.app.window_stats()
-        if windows is not None:
-            out["windows"] = windows
-        return out
+    def stats(self) -> AggregatorStats:
+        return AggregatorStats(
+            partials=self.partials, **self.ledger.stats(),
+            early_flushes=sum(len(v) for v in self._early.values()),
+            peak_rss_mb=peak_rss_mb(),
+            coordinator=self.coordinator.summary() if self.coordinator is not None else None,
+            windows=self.app.window_stats())

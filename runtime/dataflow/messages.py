@@ -1,7 +1,8 @@
 """The messages between the dataflow cores, typed: what a worker answers a
 source's call with (``Ack``), and what the aggregator answers a worker's flush
 with (``CommitAnswer``, its ``Verdict``); and what the cores report at the end
-of a run (``SourceStats``, ``WorkerStats`` with its ``WorkerSeries``), which
+of a run (``SourceStats``, ``WorkerStats`` with its ``WorkerSeries``,
+``AggregatorStats``), which
 the driver turns into the run's report (``runtime.reporting.cores``). Both
 engines carry these as they are (Ray pickles them; the simulator passes them
 by reference)."""
@@ -9,7 +10,7 @@ by reference)."""
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 
@@ -123,3 +124,38 @@ class WorkerStats:
     dead: bool = False
     pid: int | None = None
     peak_rss_mb: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class AggregatorStats:
+    """The aggregator's statistics (``AggregatorCore.stats``); report.json's
+    ``aggregator`` section is ``as_report()``. Per worker (keys are the
+    worker ids as strings, as in JSON): its newest committed flush and the
+    messages its committed flushes hold. ``coordinator``: a coordinated
+    scheme's controller summary; ``windows``: a windowed app's
+    (``AggregatorApp.window_stats``); ``simulated_in_s``: the simulator's
+    wall time. Those three are left out of the report when None."""
+
+    partials: int
+    committed_seq: dict[str, int]
+    committed_messages: dict[str, int]
+    fenced_workers: list[int]
+    duplicate_flushes: int
+    rejected_flushes: int
+    out_of_order_flushes: int
+    claims_held: int
+    early_flushes: int
+    peak_rss_mb: float | None
+    coordinator: dict[str, Any] | None = None
+    windows: dict[str, Any] | None = None
+    simulated_in_s: float | None = None
+
+    def as_report(self) -> dict[str, Any]:
+        """The report's ``aggregator`` section (its keys are a contract)."""
+        optional = ("coordinator", "windows", "simulated_in_s")
+        out = {}
+        for f in fields(self):
+            v = getattr(self, f.name)
+            if v is not None or f.name not in optional:
+                out[f.name] = v
+        return out

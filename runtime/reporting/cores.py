@@ -13,7 +13,7 @@ from typing import Any, Literal
 import numpy as np
 
 from runtime.dataflow.latency import LatencyHistogram
-from runtime.dataflow.messages import SourceStats, WorkerSeries, WorkerStats
+from runtime.dataflow.messages import AggregatorStats, SourceStats, WorkerSeries, WorkerStats
 from runtime.reporting import report as report_mod
 from runtime.topology import Topology
 
@@ -53,7 +53,7 @@ def measurements(
     source_stats: list[SourceStats],
     worker_stats: list[WorkerStats],
     result: Any,
-    agg_stats: dict[str, Any],
+    agg_stats: AggregatorStats,
     distinct_keys: int | None = None,
     engine: Literal["ray", "sim"] = "ray",
 ) -> report_mod.RunMeasurements:
@@ -126,7 +126,7 @@ def measurements(
         queue_capacity_batches=min(topo.workers.queue_batches,
                                    topo.sources * topo.run.max_inflight),
         full_speed_msgs_per_s=caps.mean_total(duration_s) * full_rate if full_rate else None,
-        coordinator=agg_stats.get("coordinator"),
+        coordinator=agg_stats.coordinator,
         load_s=load_s,
     )
 

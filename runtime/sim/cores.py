@@ -41,7 +41,7 @@ import numpy as np
 import pyarrow as pa
 
 from runtime.dataflow.aggregator import AggregatorCore
-from runtime.dataflow.messages import SourceStats
+from runtime.dataflow.messages import AggregatorStats, SourceStats
 from runtime.dataflow.reliability import Flush, Part
 from runtime.dataflow.settings import CoreSettings, coordinator_for
 from runtime.dataflow.source import SourceCore
@@ -249,7 +249,7 @@ def core_settings(topo: Topology, coordinator: Any) -> CoreSettings:
 
 
 def simulate_cores(topo: Topology, inp: SimInput) -> tuple[report_mod.RunMeasurements, pa.Table,
-                                                           dict[str, Any]]:
+                                                           AggregatorStats]:
     """Run ``topo`` over ``inp`` on the cores; the measurements, the result
     table and the aggregator's statistics."""
     vt = VirtualTime()
@@ -326,5 +326,4 @@ def simulate_cores(topo: Topology, inp: SimInput) -> tuple[report_mod.RunMeasure
     duration_s = max(max(s.end_ts for s in source_stats) - t0, 1e-9)
     measured = measurements(topo, caps, inp.n, duration_s, 0.0, source_stats, worker_stats, result,
                             agg_stats, engine="sim")
-    agg_stats["simulated_in_s"] = time.time() - wall
-    return measured, result, agg_stats
+    return measured, result, dataclasses.replace(agg_stats, simulated_in_s=time.time() - wall)

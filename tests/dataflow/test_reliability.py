@@ -122,7 +122,7 @@ def test_ledger_commits_in_order_ignores_duplicates_and_fences() -> None:
     got = dict(zip(*agg.result().to_pydict().values(), strict=True))
     assert got == {"a": 1, "b": 1, "c": 1, "x": 1}
     st = agg.stats()
-    assert st["committed_messages"] == {"0": 3, "1": 1} and st["fenced_workers"] == [1]
+    assert st.committed_messages == {"0": 3, "1": 1} and st.fenced_workers == [1]
     assert [b for b, _ in agg.committed_claims(0)["claims"]] == [1, 2, 3, 1]  # commit order
 
 

@@ -13,7 +13,7 @@ import pyarrow as pa
 import pytest
 
 from runtime.dataflow.latency import LatencyHistogram
-from runtime.dataflow.messages import SourceStats, WorkerSeries, WorkerStats
+from runtime.dataflow.messages import AggregatorStats, SourceStats, WorkerSeries, WorkerStats
 from runtime.reporting import report as report_mod
 from runtime.reporting.cores import Capacities, measurements
 from runtime.sim import simulate, summary
@@ -58,8 +58,12 @@ def ray_report(topo: Topology) -> dict[str, Any]:
         epoch=0, failures=[], resume=None, live_workers=[0, 1, 2], retained_peak_messages=0,
         retained_peak_bytes=0, joins=[], rerouted_messages=0,
     ) for s in range(2)]
+    aggregator = AggregatorStats(
+        partials=6, committed_seq={}, committed_messages={}, fenced_workers=[],
+        duplicate_flushes=0, rejected_flushes=0, out_of_order_flushes=0, claims_held=0,
+        early_flushes=0, peak_rss_mb=None)
     m = measurements(topo, Capacities(topo), 3000, 1.8, 2.5, sources, workers,
-                     pa.table({"key": ["k"] * 100, "count": [30] * 100}), {})
+                     pa.table({"key": ["k"] * 100, "count": [30] * 100}), aggregator)
     return dict(report_mod.build_report(topo, m))
 
 
