@@ -301,8 +301,8 @@ class Supervisor:
                 p = ray.get(r)
             except ray.exceptions.RayActorError:
                 continue
-            done += int(p["acked"])
-            self._source_failures[(int(p["source"]), int(p["epoch"]))] = p["failures"]
+            done += int(p.acked)
+            self._source_failures[(int(p.source), int(p.epoch))] = p.failures
         return done
 
     def utilizations(self) -> list[float]:
@@ -373,7 +373,7 @@ class Supervisor:
                 continue
             del self._pings[i]
             try:
-                self._utilization[i] = float(ray.get(ref)["utilization"])
+                self._utilization[i] = float(ray.get(ref).utilization)
             except ray.exceptions.RayActorError as e:
                 self._worker_died(i, type(e).__name__)
 

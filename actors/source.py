@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from runtime.dataflow.messages import SourceStats
+from runtime.dataflow.messages import SourceProgress, SourceStats
 from runtime.dataflow.recovery import plan_resume
 from runtime.dataflow.reliability import Part, ResumePlan, WorkerLost, peak_rss_mb
 from runtime.dataflow.settings import SourceSettings
@@ -272,7 +272,7 @@ class SourceActor:
             return dataclasses.replace(stats, started_ts=started, resumed_ts=self.resumed_ts,
                                        peak_rss_mb=peak_rss_mb())
 
-    def progress(self) -> dict[str, Any]:
+    def progress(self) -> SourceProgress:
         return self.core.progress()
 
     def worker_failed(self, worker: int) -> None:

@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from runtime.dataflow.messages import Ack, CommitAnswer, Verdict, WorkerStats
+from runtime.dataflow.messages import Ack, CommitAnswer, Verdict, WorkerProgress, WorkerStats
 from runtime.dataflow.reliability import Flush, Part, peak_rss_mb
 from runtime.dataflow.settings import WorkerSettings
 from runtime.dataflow.worker import WorkerCore
@@ -170,7 +170,7 @@ class WorkerActor:
                 self.core, run_id or run, name or f"worker-{self.core.worker_id}")
             self._telemetry.start()
 
-    def progress(self) -> dict[str, Any]:
+    def progress(self) -> WorkerProgress:
         return self.core.progress()
 
     def finish(self) -> WorkerStats:

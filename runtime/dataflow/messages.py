@@ -2,7 +2,8 @@
 source's call with (``Ack``), and what the aggregator answers a worker's flush
 with (``CommitAnswer``, its ``Verdict``); and what the cores report at the end
 of a run (``SourceStats``, ``WorkerStats`` with its ``WorkerSeries``,
-``AggregatorStats``), which
+``AggregatorStats``) and while it runs (``SourceProgress``,
+``WorkerProgress``, ``WorkerSnapshot``), which
 the driver turns into the run's report (``runtime.reporting.cores``). Both
 engines carry these as they are (Ray pickles them; the simulator passes them
 by reference)."""
@@ -159,3 +160,50 @@ class AggregatorStats:
             if v is not None or f.name not in optional:
                 out[f.name] = v
         return out
+
+
+@dataclass(frozen=True, slots=True)
+class SourceProgress:
+    """A source's counters while it runs (``SourceCore.progress``: the driver's
+    progress bar and supervisor). ``retained``: messages in its replay log;
+    ``failures``: its records so far of the worker deaths it handled."""
+
+    source: int
+    routed: int
+    acked: int
+    done: bool
+    epoch: int
+    retained: int
+    failures: list[dict[str, Any]]
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerProgress:
+    """A worker's answer to the driver's ping (``WorkerCore.progress``)."""
+
+    worker: int
+    processed: int
+    utilization: float
+    queue_msgs: int
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerSnapshot:
+    """A worker's cumulative counters since ``start_run`` at ``t`` (its
+    clock), for live metrics (``WorkerCore.telemetry_snapshot``): the
+    difference of two gives rates, mean utilization (``queue_batches_s`` over
+    ``queue_capacity``), the busy and stopped fractions, and the interval's
+    latency histogram (``latency_counts``, ``LatencyHistogram``'s bins)."""
+
+    t: float
+    processed: int
+    batches: int
+    queue_msgs: int
+    queue_batches: int
+    queue_capacity: int
+    capacity: float
+    queue_batches_s: float
+    busy_s: float
+    stopped_s: float
+    latency_counts: Any  # np.ndarray of int64, one per bin
+    latency_max_s: float

@@ -70,7 +70,7 @@ from typing import Any, Protocol
 import numpy as np
 import pyarrow as pa
 
-from runtime.dataflow.messages import SourceStats
+from runtime.dataflow.messages import SourceProgress, SourceStats
 from runtime.dataflow.outbox import Outboxes
 from runtime.dataflow.recovery import FailureLog, Membership, Resume, take_lost
 from runtime.dataflow.reliability import (
@@ -712,10 +712,10 @@ class SourceCore:
                     self.log.committed(w, int(r))
             self._check_notices()
 
-    def progress(self) -> dict[str, Any]:
-        return {"source": self.index, "routed": self.routed, "acked": self.acked,
-                "done": self.done, "epoch": self.epoch, "retained": self.log.messages,
-                "failures": [dict(f) for f in self.failures.records]}
+    def progress(self) -> SourceProgress:
+        return SourceProgress(source=self.index, routed=self.routed, acked=self.acked,
+                              done=self.done, epoch=self.epoch, retained=self.log.messages,
+                              failures=[dict(f) for f in self.failures.records])
 
     def stats(self, start: float | None = None) -> SourceStats:
         g = self.grouping.stats()

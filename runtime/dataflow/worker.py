@@ -54,7 +54,13 @@ from typing import Any
 import numpy as np
 
 from runtime.dataflow.latency import LatencyHistogram
-from runtime.dataflow.messages import Ack, WorkerSeries, WorkerStats
+from runtime.dataflow.messages import (
+    Ack,
+    WorkerProgress,
+    WorkerSeries,
+    WorkerSnapshot,
+    WorkerStats,
+)
 from runtime.dataflow.reliability import ClaimLog, Flush, Part, Tag
 from runtime.dataflow.service import ServiceEmulator
 from runtime.dataflow.settings import WorkerSettings
@@ -583,31 +589,30 @@ class WorkerCore:
         if self.throttle == "service":
             self.service.set_capacity_scale(self.capacity)
 
-    def progress(self) -> dict[str, Any]:
-        return {"worker": self.worker_id, "processed": self.processed,
-                "utilization": self.utilization_now(), "queue_msgs": self.load.q_msgs}
+    def progress(self) -> WorkerProgress:
+        return WorkerProgress(worker=self.worker_id, processed=self.processed,
+                              utilization=self.utilization_now(), queue_msgs=self.load.q_msgs)
 
-    def telemetry_snapshot(self) -> dict[str, Any]:
+    def telemetry_snapshot(self) -> WorkerSnapshot:
         """Cumulative counters since ``start_run`` for live metrics (read ~1/s by
-        ``actors.telemetry``): differences of two snapshots give rates, mean
-        utilization and busy fraction, and the latency histogram of the interval."""
+        ``actors.telemetry``)."""
         now = self.clock()
         with self._lock:
             queue_batches_s, busy_s = self.load.integrals(now)
-            return {
-                "t": now,
-                "processed": self.processed,
-                "batches": self.batches,
-                "queue_msgs": self.load.q_msgs,
-                "queue_batches": self.load.q_batches,
-                "queue_capacity": self.load.queue_capacity,
-                "capacity": self.capacity,
-                "queue_batches_s": queue_batches_s,
-                "busy_s": busy_s,
-                "stopped_s": float(self.service.stopped_s),
-                "latency_counts": self.latency.counts.copy(),
-                "latency_max_s": self.latency.max_s,
-            }
+            return WorkerSnapshot(
+                t=now,
+                processed=self.processed,
+                batches=self.batches,
+                queue_msgs=self.load.q_msgs,
+                queue_batches=self.load.q_batches,
+                queue_capacity=self.load.queue_capacity,
+                capacity=self.capacity,
+                queue_batches_s=queue_batches_s,
+                busy_s=busy_s,
+                stopped_s=float(self.service.stopped_s),
+                latency_counts=self.latency.counts.copy(),
+                latency_max_s=self.latency.max_s,
+            )
 
     def finish(self) -> WorkerStats:
         """Final flush and the worker's statistics and per-slot time series."""

@@ -199,7 +199,7 @@ def test_bounded_queue_blocks_and_worker_thread_drains() -> None:
     for c in callers:
         c.start()
     # a caller counts its batch (queue_msgs) before its put, blocked or not
-    assert _wait_for(lambda: w.progress()["queue_msgs"] == 600)
+    assert _wait_for(lambda: w.progress().queue_msgs == 600)
     assert w._queue.qsize() == 2 and w._queue.full()  # the other 10 wait to put
     assert acks == [] and all(c.is_alive() for c in callers)
     th = threading.Thread(target=w.run_forever, daemon=True)
@@ -211,7 +211,7 @@ def test_bounded_queue_blocks_and_worker_thread_drains() -> None:
     th.join(timeout=5)
     assert not th.is_alive()
     assert len(acks) == 12 and sum(a.acked for a in acks) == 600
-    assert w.progress()["queue_msgs"] == 0
+    assert w.progress().queue_msgs == 0
     assert w.finish().keys == 12
 
 
