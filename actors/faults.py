@@ -43,6 +43,7 @@ from typing import Any, ClassVar
 import ray
 
 from runtime.dataflow.latency import LatencyHistogram
+from runtime.dataflow.messages import AggregatorStats, SourceStats, WorkerSeries, WorkerStats
 from runtime.dataflow.reliability import FaultEvent, FaultSchedule, peak_rss_mb
 from runtime.topology import Topology
 
@@ -198,8 +199,8 @@ class ActorProcesses:
             if mb is not None and mb > self.peak_rss.get(name, 0.0):
                 self.peak_rss[name] = mb
 
-    def peaks(self, source_stats: list[dict[str, Any]], worker_stats: list[dict[str, Any]],
-              agg_stats: dict[str, Any]) -> dict[str, float]:
+    def peaks(self, source_stats: list[SourceStats], worker_stats: list[WorkerStats],
+              agg_stats: AggregatorStats) -> dict[str, float]:
         """Peak RSS per actor, by name: the larger of what was sampled here
         and what the actor measured itself (the only number for other nodes)."""
         peak = dict(self.peak_rss)
@@ -209,11 +210,10 @@ class ActorProcesses:
                 peak[name] = max(peak.get(name, 0.0), float(mb))
 
         for i, ws in enumerate(worker_stats):
-            merge(f"worker-{i}", ws.get("peak_rss_mb"))
+            merge(f"worker-{i}", ws.peak_rss_mb)
         for ss in source_stats:
-            merge(f"source-{ss['source']}" + (f".{ss['epoch']}" if ss.get("epoch") else ""),
-                  ss.get("peak_rss_mb"))
-        merge("aggregator", agg_stats.get("peak_rss_mb"))
+            merge(f"source-{ss.source}" + (f".{ss.epoch}" if ss.epoch else ""), ss.peak_rss_mb)
+        merge("aggregator", agg_stats.peak_rss_mb)
         return dict(sorted(peak.items()))
 
 
@@ -301,8 +301,8 @@ class Supervisor:
                 p = ray.get(r)
             except ray.exceptions.RayActorError:
                 continue
-            done += int(p["acked"])
-            self._source_failures[(int(p["source"]), int(p["epoch"]))] = p["failures"]
+            done += int(p.acked)
+            self._source_failures[(int(p.source), int(p.epoch))] = p.failures
         return done
 
     def utilizations(self) -> list[float]:
@@ -373,7 +373,7 @@ class Supervisor:
                 continue
             del self._pings[i]
             try:
-                self._utilization[i] = float(ray.get(ref)["utilization"])
+                self._utilization[i] = float(ray.get(ref).utilization)
             except ray.exceptions.RayActorError as e:
                 self._worker_died(i, type(e).__name__)
 
@@ -455,24 +455,24 @@ class Supervisor:
                  f"epoch {self.epochs[i]}")
 
     # ------------------------------------------------------------------ finish
-    def finish_workers(self) -> list[dict[str, Any]]:
+    def finish_workers(self) -> list[WorkerStats]:
         """Every worker's ``finish`` stats; a dead worker's are rebuilt from the
         aggregator's ledger: processed = the messages of its committed flushes."""
         self.processes.sample()
         refs = {i: w.finish.remote() for i, w in enumerate(self.workers)
                 if i not in self.dead_workers}
-        got: dict[int, dict[str, Any]] = {}
+        got: dict[int, WorkerStats] = {}
         for i, ref in refs.items():
             try:
                 got[i] = ray.get(ref)
             except ray.exceptions.RayActorError as e:
                 self._worker_died(i, type(e).__name__)
-        committed = ray.get(self.agg.stats.remote())["committed_messages"]
+        committed = ray.get(self.agg.stats.remote()).committed_messages
         return [got[i] if i in got else _dead_worker_stats(i, int(committed.get(str(i), 0)))
                 for i in range(len(self.workers))]
 
-    def report(self, source_stats: list[dict[str, Any]], worker_stats: list[dict[str, Any]],
-               agg_stats: dict[str, Any]) -> dict[str, Any]:
+    def report(self, source_stats: list[SourceStats], worker_stats: list[WorkerStats],
+               agg_stats: AggregatorStats) -> dict[str, Any]:
         """``failures``, ``peak_rss_mb`` and ``restarts`` for report.json."""
         records = self._worker_failure_records(source_stats)
         for ev in self.events:
@@ -499,11 +499,11 @@ class Supervisor:
                                 for src, epoch, _ in self.restarts],
         }
 
-    def _worker_failure_records(self, source_stats: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    def _worker_failure_records(self, source_stats: list[SourceStats]) -> list[dict[str, Any]]:
         """Every source incarnation's re-routing records: the final ones from
         ``source_stats``, a dead incarnation's from its last ``progress``."""
-        final = {(int(s["source"]), int(s.get("epoch", 0))) for s in source_stats}
-        records = [f for s in source_stats for f in s.get("failures", [])]
+        final = {(int(s.source), int(s.epoch)) for s in source_stats}
+        records = [f for s in source_stats for f in s.failures]
         for key, fs in sorted(self._source_failures.items()):
             if key not in final:
                 records.extend(fs)
@@ -522,19 +522,20 @@ class Supervisor:
             assert ev.detected_s is not None
             ev.recovered_s = max(max(done), ev.detected_s)
 
-    def _settle_source_restart(self, ev: FaultEvent, stats: dict[str, Any], epoch: int) -> None:
+    def _settle_source_restart(self, ev: FaultEvent, stats: SourceStats, epoch: int) -> None:
         """When a restarted source resumed and what it re-read, if ``stats`` are
         of that incarnation (``epoch``) - a later restart's settle the later event."""
-        if stats.get("epoch") != epoch:
+        if stats.epoch != epoch:
             return
-        ev.recovered_s = float(stats["resumed_ts"]) - self.t0
-        res = stats.get("resume") or {}
+        assert stats.resumed_ts is not None  # set by every source actor's run
+        ev.recovered_s = float(stats.resumed_ts) - self.t0
+        res = stats.resume or {}
         ev.replayed_batches = int(res.get("reread_batches", 0))
         ev.replayed_messages = int(res.get("resent_messages", 0))
         ev.skipped_messages = int(res.get("skipped_messages", 0))
 
-    def annotate(self, report: dict[str, Any], source_stats: list[dict[str, Any]],
-                 worker_stats: list[dict[str, Any]], agg_stats: dict[str, Any]) -> None:
+    def annotate(self, report: dict[str, Any], source_stats: list[SourceStats],
+                 worker_stats: list[WorkerStats], agg_stats: AggregatorStats) -> None:
         """Add the failure and memory keys to a built report (never removes any)."""
         report.update(self.report(source_stats, worker_stats, agg_stats))
         report["messages"]["replayed"] = sum(f["replayed_messages"] for f in report["failures"])
@@ -542,18 +543,14 @@ class Supervisor:
             w["dead"] = i in self.dead_workers
             w["peak_rss_mb"] = report["peak_rss_mb"].get(f"worker-{i}")
         for entry, st in zip(report.get("sources", []), source_stats, strict=False):
-            entry["epoch"] = st.get("epoch", 0)
-            entry["retained_peak_messages"] = st.get("retained_peak_messages")
-            entry["peak_rss_mb"] = st.get("peak_rss_mb")
-            entry["joins"] = st.get("joins", [])
+            entry["epoch"] = st.epoch
+            entry["retained_peak_messages"] = st.retained_peak_messages
+            entry["peak_rss_mb"] = st.peak_rss_mb
+            entry["joins"] = st.joins
 
 
-def _dead_worker_stats(i: int, committed: int) -> dict[str, Any]:
-    return {
-        "id": i, "processed": committed, "batches": 0, "keys": 0, "flushes": 0,
-        "stopped_s": 0.0, "latency": LatencyHistogram().to_sparse(),
-        "signals_emitted": {"increase": 0, "decrease": 0}, "queue_capacity_batches": 1,
-        "series": {"slot": [], "processed": [], "queue_msgs": [], "queue_batches": [],
-                   "busy": [], "latency": {}},
-        "dead": True,
-    }
+def _dead_worker_stats(i: int, committed: int) -> WorkerStats:
+    return WorkerStats(
+        id=i, processed=committed, batches=0, keys=0, flushes=0, stopped_s=0.0,
+        latency=LatencyHistogram().to_sparse(), signals_emitted={"increase": 0, "decrease": 0},
+        queue_capacity_batches=1, series=WorkerSeries(), dead=True)

@@ -54,7 +54,7 @@ from actors import throttle as throttle_mod
 from actors import worker as worker_mod
 from actors.spark_input import FeedLoad, feed_load, session_cpus
 from runtime.dataflow import checkpoint as ckpt_mod
-from runtime.grouping import SCHEMES
+from runtime.dataflow import settings as settings_mod
 from runtime.placement import actor_options
 from runtime.reporting import phases as phases_mod
 from runtime.reporting import report as report_mod
@@ -69,6 +69,14 @@ def _counts_input_keys(topo: Topology) -> bool:
     """Heavy-hitters' result is only the top-k, an operator's anything: the
     input's distinct keys are counted instead (replication's denominator)."""
     return topo.app.kind in ("heavy-hitters", "operator")
+
+
+def core_settings(topo: Topology, coordinator: Any) -> settings_mod.CoreSettings:
+    """What the actors are built from: the topology's settings as they are
+    (``runtime.sim.cores.core_settings`` differs only where the simulator
+    models the throttle and the queue); ``coordinator``: the run's
+    controller, or None."""
+    return settings_mod.CoreSettings.from_topology(topo, coordinator)
 
 
 class StopRequests:
@@ -411,28 +419,22 @@ class _PipelineRun:
     def create_workers(self, resume: bool) -> None:
         """The aggregator and the workers, created before the input loads: their
         processes start (and warm up) while Spark works. Not waited for here."""
-        topo, n, namespace, caps = self.topo, self.n, self.namespace, self.caps
+        topo, n, namespace = self.topo, self.n, self.namespace
         wspec, run, actors = topo.workers, topo.run, self.actors
         # fail in seconds (exit 2) if the cluster can never host this placement
         cluster_mod.check_placement(topo, spark_cpus=session_cpus())
         self.resume_from: ckpt_mod.Checkpoint | None = (
             _stream_checkpoint(topo, self.out_dir, resume) if topo.input.stream else None)
-        app = topo.app.model_dump()
-        qcap = min(wspec.queue_batches, topo.sources * run.max_inflight)
-
-        scheme = SCHEMES[topo.grouping.scheme]
-        sig = scheme.worker_signals(topo.grouping_params())  # None: workers do not signal
         self.inactive = inactive = faults_mod.not_yet_added(topo)
-        self.coordinator = coordinator = (
-            scheme.coordinator(n, topo.grouping_params(),
-                               alive=[w for w in range(n) if w not in inactive],
-                               sources=topo.sources)
-            if scheme.coordinated else None)
+        coordinator = settings_mod.coordinator_for(
+            topo, alive=[w for w in range(n) if w not in inactive])
+        self.settings = settings = core_settings(topo, coordinator)
+        app = settings.aggregator
 
         Agg = aggregator_mod.actor_class()
         agg = Agg.options(name="aggregator", namespace=namespace,
                           **actor_options(topo.placement.get("aggregator"))).remote(
-            app, topo.base_dir, coordinator,
+            app, coordinator,
             state=self.resume_from.state if self.resume_from is not None else None)
         actors.append(agg)
 
@@ -444,12 +446,8 @@ class _PipelineRun:
                 "max_concurrency": topo.sources * run.max_inflight + wspec.queue_batches + 8,
                 **actor_options(topo.placement.get(f"worker-{i}")),  # num_cpus=0 unless asked
             }
-            w = Worker.options(**opts).remote(
-                i, app, topo.base_dir, agg,
-                service_us=wspec.service_us, capacity=caps.initial[i], throttle=wspec.throttle,
-                queue_batches=wspec.queue_batches, queue_capacity_batches=qcap,
-                slot_s=run.slot_s, signals=sig, aggregate_every_s=topo.app.aggregate_every_s,
-                report_every_s=coordinator.epoch_s if coordinator is not None else None)
+            w = Worker.options(**opts).remote(i, app.app, app.base_dir, agg,
+                                              settings.workers[i])
             workers.append(w)
             actors.append(w)
         self.agg, self.workers = agg, workers
@@ -485,10 +483,8 @@ class _PipelineRun:
     # ------------------------------------------------------------------ 2. sources
     def start_actors(self) -> None:
         """Wait for the workers; the sources and the ``Supervisor`` over them."""
-        topo, n, namespace, caps = self.topo, self.n, self.namespace, self.caps
-        run, actors, agg, workers = topo.run, self.actors, self.agg, self.workers
-        columns = topo.app.columns_needed()
-        coordinator, inactive = self.coordinator, self.inactive
+        topo, n, namespace = self.topo, self.n, self.namespace
+        actors, agg, workers, inactive = self.actors, self.agg, self.workers, self.inactive
         # bounded: a placement the cluster cannot serve now fails instead of hanging
         self.pids = cluster_mod.wait_for_actors([w.pid.remote() for w in workers],
                                                 [f"worker-{i}" for i in range(n)],
@@ -506,16 +502,8 @@ class _PipelineRun:
             src = Source.options(name=f"source-{s}" + (f".{epoch}" if epoch else ""),
                                  namespace=namespace, max_concurrency=4,
                                  **actor_options(topo.placement.get(f"source-{s}"))).remote(
-                s, shards[s], workers, topo.grouping.scheme, n, run.seed + s,
-                topo.grouping_params(), batch=run.batch, max_inflight=run.max_inflight,
-                call_messages=run.call_messages, linger_s=run.linger_ms / 1000,
-                behind_linger_s=run.behind_linger_ms / 1000,
-                rate_per_source=run.rate / topo.sources, key="key", columns=columns,
-                vw_every_s=run.slot_s, aggregator=agg, epoch=epoch,
-                dead_workers=inactive if dead is None else dead,
-                capacities=caps.initial, capacity_changes=caps.changes,
-                report_every_s=coordinator.epoch_s if coordinator is not None else 1.0,
-                max_pending_rows=run.max_pending_rows)
+                s, shards[s], workers, self.settings.source, aggregator=agg, epoch=epoch,
+                dead_workers=inactive if dead is None else dead)
             actors.append(src)
             return src
 
@@ -651,9 +639,9 @@ class _PipelineRun:
                 stream.finish_checkpoints()
                 stream.checkpoint()
         # the last ack, not when this loop noticed it (sources' clock: time.time)
-        self.duration_s = max(max(s["end_ts"] for s in self.source_stats) - self.t0, 1e-9)
-        self.bar.update(sum(s["acked"] for s in self.source_stats), self.imb)
-        self.live.update(sum(s["acked"] for s in self.source_stats), self.imb)
+        self.duration_s = max(max(s.end_ts for s in self.source_stats) - self.t0, 1e-9)
+        self.bar.update(sum(s.acked for s in self.source_stats), self.imb)
+        self.live.update(sum(s.acked for s in self.source_stats), self.imb)
         self.bar.close()
         if self.throttling is not None:  # stopped workers cannot flush
             self.throttling.stop()
@@ -711,7 +699,7 @@ class _PipelineRun:
                                 self.source_stats, self.worker_stats, self.result,
                                 self.agg_stats, self.distinct_input)
         report: dict[str, Any] = dict(report_mod.build_report(topo, measured))
-        report["aggregator"] = self.agg_stats
+        report["aggregator"] = self.agg_stats.as_report()
         report["throttle"] = throttling.status if throttling else {}
         for w_report, node in zip(report["workers"], self.nodes, strict=True):
             w_report["node_id"] = node  # where it ran (placement is checked against this)

@@ -11,6 +11,7 @@ the aggregator and the workers.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import os
 import threading
@@ -21,10 +22,11 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from runtime.dataflow.messages import SourceProgress, SourceStats
 from runtime.dataflow.recovery import plan_resume
 from runtime.dataflow.reliability import Part, ResumePlan, WorkerLost, peak_rss_mb
+from runtime.dataflow.settings import SourceSettings
 from runtime.dataflow.source import (
-    CALL_MESSAGES,
     STREAM_POLL_S,
     Cut,
     SourceCore,
@@ -141,38 +143,23 @@ class SourceActor:
     incarnation on the workers and resumes from its committed position.
     """
 
-    def __init__(self, index: int, shard: Any, workers: Sequence[Any], scheme: str,
-                 n_workers: int, seed: int, grouping_params: dict[str, Any], *,
-                 batch: int, max_inflight: int, rate_per_source: float, key: str,
-                 call_messages: int = CALL_MESSAGES, linger_s: float = 0.0,
-                 behind_linger_s: float | None = None, columns: Sequence[str] = (), vw_every_s: float = 0.5, aggregator: Any = None,
-                 epoch: int = 0, dead_workers: Sequence[int] = (),
-                 capacities: Sequence[float] | None = None,
-                 capacity_changes: Sequence[tuple[float, int, float]] = (),
-                 report_every_s: float = 1.0, max_pending_rows: int = 100_000) -> None:
+    def __init__(self, index: int, shard: Any, workers: Sequence[Any],
+                 settings: SourceSettings, *, aggregator: Any = None, epoch: int = 0,
+                 dead_workers: Sequence[int] = ()) -> None:
         """``shard``: the source's Ray Dataset, or its ``actors.shard_feed.FedShard``
         when the input arrives chunk by chunk; ``None`` for a live stream, whose
         micro-batches the driver hands over with ``feed``."""
-        from runtime.grouping import make_grouping
-
         self.shard = shard
-        self.inbox = StreamInbox(max_pending_rows) if shard is None else None
+        self.inbox = StreamInbox(settings.max_pending_rows) if shard is None else None
         self._cut: Cut | None = None
-        self.batch = int(batch)
-        self.columns = [c for c in columns if c != key]  # what the app needs besides the key
-        # the wall clock: tables' adoption times compare with the controller's
-        grouping = make_grouping(scheme, n_workers, seed=seed, clock=time.time,
-                                 **grouping_params)
+        self.batch = int(settings.batch)
+        self.columns = list(settings.columns)  # what the app needs besides the key
         self.control = RayControl(aggregator, workers) if aggregator is not None else None
         self._prepared: Iterator[pa.Table] | None = None
-        self.core = SourceCore(index, grouping, RayTransport(index, workers),
-                               n_workers=n_workers, max_inflight=max_inflight,
-                               call_messages=call_messages, linger_s=linger_s,
-                               behind_linger_s=behind_linger_s, rate_per_source=rate_per_source, key=key,
-                               vw_every_s=vw_every_s, control=self.control, epoch=epoch,
-                               dead_workers=dead_workers, capacities=capacities,
-                               capacity_changes=capacity_changes,
-                               report_every_s=report_every_s)
+        # the wall clock: tables' adoption times compare with the controller's
+        self.core = SourceCore(index, settings.grouping(index, clock=time.time),
+                               RayTransport(index, workers), settings, control=self.control,
+                               epoch=epoch, dead_workers=dead_workers)
         self._lock = threading.Lock()
 
     def feed(self, table: pa.Table, handed_ts: float) -> int:
@@ -265,7 +252,7 @@ class SourceActor:
         first = next(it, None)
         self._prepared = it if first is None else itertools.chain([first], it)
 
-    def run(self, t0: float, run_id: str | None = None) -> dict[str, Any]:
+    def run(self, t0: float, run_id: str | None = None) -> SourceStats:
         """``run_id``: the run's name in live metrics (the driver passes its namespace)."""
         with self._lock:
             self.core.t0 = t0
@@ -282,12 +269,10 @@ class SourceActor:
                 batches, self._prepared = self._prepared or self._batches(), None
             with _LiveMetrics(self.core, run_id):
                 stats = self.core.run(batches, plan)
-            stats["started_ts"] = started
-            stats["resumed_ts"] = self.resumed_ts
-            stats["peak_rss_mb"] = peak_rss_mb()
-            return stats
+            return dataclasses.replace(stats, started_ts=started, resumed_ts=self.resumed_ts,
+                                       peak_rss_mb=peak_rss_mb())
 
-    def progress(self) -> dict[str, Any]:
+    def progress(self) -> SourceProgress:
         return self.core.progress()
 
     def worker_failed(self, worker: int) -> None:

@@ -41,7 +41,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import numpy as np
 
 from runtime.dataflow.latency import LatencyHistogram
-from runtime.dataflow.messages import Ack
+from runtime.dataflow.messages import Ack, WorkerSnapshot
 from runtime.reporting import live_metrics
 from runtime.reporting.live_metrics import METRICS  # the catalogue, used here and re-exported
 
@@ -221,7 +221,7 @@ class WorkerTelemetry(_Ticker):
     def __init__(self, core: Any, run: str, actor: str, sink: Sink | None = None,
                  wall: Callable[[], float] = time.time, tick_s: float = TICK_S) -> None:
         super().__init__(core, run, actor, sink, wall, tick_s)
-        self._prev: dict[str, Any] | None = None
+        self._prev: WorkerSnapshot | None = None
 
     def tick(self) -> None:
         if not self.emit.on:
@@ -229,19 +229,19 @@ class WorkerTelemetry(_Ticker):
         s = self.core.telemetry_snapshot()
         p, self._prev = self._prev, s
         e = self.emit
-        e(live_metrics.WORKER_PROCESSED, s["processed"] - (p["processed"] if p else 0))
-        e(live_metrics.WORKER_QUEUE_MESSAGES, s["queue_msgs"])
-        e(live_metrics.WORKER_QUEUE_BATCHES, s["queue_batches"])
-        e(live_metrics.WORKER_CAPACITY, s["capacity"])
-        dt = s["t"] - p["t"] if p else 0.0
+        e(live_metrics.WORKER_PROCESSED, s.processed - (p.processed if p else 0))
+        e(live_metrics.WORKER_QUEUE_MESSAGES, s.queue_msgs)
+        e(live_metrics.WORKER_QUEUE_BATCHES, s.queue_batches)
+        e(live_metrics.WORKER_CAPACITY, s.capacity)
+        dt = s.t - p.t if p else 0.0
         if p is not None and dt > 0:
-            e(live_metrics.WORKER_RATE, (s["processed"] - p["processed"]) / dt)
-            u = (s["queue_batches_s"] - p["queue_batches_s"]) / dt / s["queue_capacity"]
+            e(live_metrics.WORKER_RATE, (s.processed - p.processed) / dt)
+            u = (s.queue_batches_s - p.queue_batches_s) / dt / s.queue_capacity
             e(live_metrics.WORKER_UTILIZATION, max(0.0, u))
-            e(live_metrics.WORKER_BUSY, min(1.0, max(0.0, (s["busy_s"] - p["busy_s"]) / dt)))
-            stopped = (s["stopped_s"] - p["stopped_s"]) / dt
+            e(live_metrics.WORKER_BUSY, min(1.0, max(0.0, (s.busy_s - p.busy_s) / dt)))
+            stopped = (s.stopped_s - p.stopped_s) / dt
             e(live_metrics.WORKER_STOPPED, min(1.0, max(0.0, stopped)))
-            pct = _percentiles(s["latency_counts"] - p["latency_counts"], s["latency_max_s"])
+            pct = _percentiles(s.latency_counts - p.latency_counts, s.latency_max_s)
             if pct is not None:
                 e(live_metrics.WORKER_LATENCY_P50, pct[0])
                 e(live_metrics.WORKER_LATENCY_P99, pct[1])

@@ -10,6 +10,7 @@ blocks until its sub-batches are processed and returns the ack.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import queue
 import threading
@@ -17,8 +18,9 @@ from typing import Any
 
 import numpy as np
 
-from runtime.dataflow.messages import Ack, CommitAnswer, Verdict
+from runtime.dataflow.messages import Ack, CommitAnswer, Verdict, WorkerProgress, WorkerStats
 from runtime.dataflow.reliability import Flush, Part, peak_rss_mb
+from runtime.dataflow.settings import WorkerSettings
 from runtime.dataflow.worker import WorkerCore
 from runtime.reporting.metrics import DistinctKeys
 
@@ -36,7 +38,7 @@ class WorkerActor:
     """
 
     def __init__(self, worker_id: int, app: dict[str, Any], base_dir: str,
-                 aggregator: Any, **kwargs: Any) -> None:
+                 aggregator: Any, settings: WorkerSettings) -> None:
         """``app``: the topology's ``app`` section (the operator is built here;
         ``base_dir`` resolves a user's file)."""
         import ray
@@ -51,12 +53,13 @@ class WorkerActor:
         self._commits: queue.Queue[tuple[int, Any] | None] = queue.Queue()
         self._inflight_commits = 0
         self._commit_lock = threading.Condition()
-        if kwargs.get("throttle", "duty-cycle") == "duty-cycle":
+        stopped_clock = None
+        if settings.throttle == "duty-cycle":
             from actors.throttle import StoppedClock
 
-            kwargs["stopped_clock"] = StoppedClock()  # what the throttler says, exactly
-        self.core = WorkerCore(worker_id, WorkerApp(operator_for_app(app, base_dir)),
-                               sink=self._sink, **kwargs)
+            stopped_clock = StoppedClock()  # what the throttler says, exactly
+        self.core = WorkerCore(worker_id, WorkerApp(operator_for_app(app, base_dir)), settings,
+                               sink=self._sink, stopped_clock=stopped_clock)
         self._warm_up()
         self._telemetry: Any = None  # live metrics (actors.telemetry), from start_run
         self._thread = threading.Thread(target=self._loop, name=f"worker-{worker_id}", daemon=True)
@@ -167,10 +170,10 @@ class WorkerActor:
                 self.core, run_id or run, name or f"worker-{self.core.worker_id}")
             self._telemetry.start()
 
-    def progress(self) -> dict[str, Any]:
+    def progress(self) -> WorkerProgress:
         return self.core.progress()
 
-    def finish(self) -> dict[str, Any]:
+    def finish(self) -> WorkerStats:
         self.core.stop()
         self._thread.join(timeout=30)
         if self._telemetry is not None:
@@ -178,10 +181,8 @@ class WorkerActor:
         self._raise_if_crashed()
         stats = self.core.finish()
         self._wait_commits()
-        stats["committed_seq"] = self.core.claims.committed_seq
-        stats["pid"] = os.getpid()
-        stats["peak_rss_mb"] = peak_rss_mb()
-        return stats
+        return dataclasses.replace(stats, committed_seq=self.core.claims.committed_seq,
+                                   pid=os.getpid(), peak_rss_mb=peak_rss_mb())
 
 
 def actor_class() -> Any:

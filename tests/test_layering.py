@@ -155,3 +155,21 @@ def test_the_actors_are_thin() -> None:
     for name in ("source.py", "worker.py", "aggregator.py"):
         lines = len((ROOT / "actors" / name).read_text().splitlines())
         assert lines < 400, f"actors/{name}: {lines} lines"
+
+
+def test_what_crosses_between_the_cores_is_frozen() -> None:
+    """The messages between the cores and their settings are frozen dataclasses
+    (or enums): both engines pass them as they are - Ray pickles them, the
+    simulator shares them - so nobody may change one on its way."""
+    for name in ("messages.py", "settings.py"):
+        tree = ast.parse((RUNTIME / "dataflow" / name).read_text())
+        classes = [n for n in tree.body if isinstance(n, ast.ClassDef)]
+        assert classes, name
+        for cls in classes:
+            if any(isinstance(b, ast.Attribute) and b.attr == "Enum" for b in cls.bases):
+                continue
+            frozen = [d for d in cls.decorator_list if isinstance(d, ast.Call)
+                      and getattr(d.func, "id", None) == "dataclass"
+                      and any(k.arg == "frozen" and getattr(k.value, "value", None) is True
+                              for k in d.keywords)]
+            assert frozen, f"runtime/dataflow/{name}: {cls.name} is not a frozen dataclass"

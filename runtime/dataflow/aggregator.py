@@ -2,7 +2,7 @@
 
 ``AggregatorCore`` drives the app's operator on the aggregator's side
 (``runtime.operators.AggregatorApp``: merge every committed partial, ``finish``
-at the end). Workers' flushes arrive through ``commit(flush)``: each is merged *and* recorded in the
+at the end), built from its ``AggregatorSettings`` (the topology's ``app``). Workers' flushes arrive through ``commit(flush)``: each is merged *and* recorded in the
 ``runtime.dataflow.reliability.CommitLedger`` in the same call - a flush is committed
 atomically or not at all - in sequence order per worker (an early one waits
 for the gap to fill), duplicates ignored, and nothing more from a worker once
@@ -27,23 +27,25 @@ from typing import Any
 
 import pyarrow as pa
 
-from runtime.dataflow.messages import CommitAnswer, Verdict
+from runtime.dataflow.messages import AggregatorStats, CommitAnswer, Verdict
 from runtime.dataflow.reliability import CommitLedger, Flush, peak_rss_mb
+from runtime.dataflow.settings import AggregatorSettings
 
 
 class AggregatorCore:
-    """``app``: the topology's ``app`` section (a mapping; its operator is built
-    here, ``base_dir`` resolving a user's file) or a ``BoundOperator``."""
+    """``settings``: the app section its operator is built from, here
+    (``AggregatorSettings.operator``)."""
 
-    def __init__(self, app: Any, base_dir: str = ".", coordinator: Any = None,
+    def __init__(self, settings: AggregatorSettings, coordinator: Any = None,
                  clock: Callable[[], float] = time.time, state: Any = None) -> None:
-        """``state``: a live stream's checkpointed state to start from (``snapshot``)."""
-        from runtime.operators import AggregatorApp, BoundOperator, operator_for_app
+        """``coordinator``: a coordinated scheme's controller (else None);
+        ``state``: a live stream's checkpointed state to start from (``snapshot``)."""
+        from runtime.operators import AggregatorApp
 
+        self.settings = settings
         self.coordinator = coordinator
         self.clock = clock
-        op = app if isinstance(app, BoundOperator) else operator_for_app(app, base_dir)
-        self.app = AggregatorApp(op)
+        self.app = AggregatorApp(settings.operator())
         if state is not None:
             self.app.restore(state)
         self.partials = 0
@@ -147,13 +149,10 @@ class AggregatorCore:
         calls, so no flush is half in it."""
         return self.app.state()
 
-    def stats(self) -> dict[str, Any]:
-        out = {"partials": self.partials, **self.ledger.stats(),
-               "early_flushes": sum(len(v) for v in self._early.values()),
-               "peak_rss_mb": peak_rss_mb()}
-        if self.coordinator is not None:
-            out["coordinator"] = self.coordinator.summary()
-        windows = self.app.window_stats()
-        if windows is not None:
-            out["windows"] = windows
-        return out
+    def stats(self) -> AggregatorStats:
+        return AggregatorStats(
+            partials=self.partials, **self.ledger.stats(),
+            early_flushes=sum(len(v) for v in self._early.values()),
+            peak_rss_mb=peak_rss_mb(),
+            coordinator=self.coordinator.summary() if self.coordinator is not None else None,
+            windows=self.app.window_stats())

@@ -70,6 +70,7 @@ from typing import Any, Protocol
 import numpy as np
 import pyarrow as pa
 
+from runtime.dataflow.messages import SourceProgress, SourceStats
 from runtime.dataflow.outbox import Outboxes
 from runtime.dataflow.recovery import FailureLog, Membership, Resume, take_lost
 from runtime.dataflow.reliability import (
@@ -81,6 +82,7 @@ from runtime.dataflow.reliability import (
     WorkerLost,
     take,
 )
+from runtime.dataflow.settings import SourceSettings
 from runtime.grouping.coordination import FIRST_PLAN_S, RoutedMeter
 from runtime.hashing import hash_arrow
 
@@ -91,8 +93,6 @@ WAIT_SLICE_S = 0.25
 #: a source blocked by backpressure this long asks the aggregator what is
 #: committed (the acks that would tell it come only from the worker it waits on)
 COMMIT_POLL_S = 0.5
-#: default ``run.call_messages``: most messages per worker call
-CALL_MESSAGES = 8192
 #: most messages a source behind its input routes in one step (whole
 #: micro-batches): one hash, split and ack poll for several batches
 STEP_MESSAGES = 8192
@@ -258,46 +258,35 @@ class SourceCore:
         index: int,
         grouping: Any,
         transport: Transport,
+        settings: SourceSettings,
         *,
-        n_workers: int,
-        max_inflight: int = 2,
-        outbox: int | None = None,
-        call_messages: int = CALL_MESSAGES,
-        linger_s: float = 0.0,
-        behind_linger_s: float | None = None,
-        rate_per_source: float = 0.0,
-        key: str = "key",
-        vw_every_s: float = 0.5,
         clock: Clock = time.time,
         sleep: Callable[[float], None] = time.sleep,
         t0: float | None = None,
         control: Control | None = None,
         epoch: int = 0,
         dead_workers: Iterable[int] = (),
-        capacities: Sequence[float] | None = None,
-        capacity_changes: Sequence[tuple[float, int, float]] = (),
-        report_every_s: float = 1.0,
     ) -> None:
-        """``outbox``: batches' worth of messages an outbox may hold before the
-        source blocks (default ``max_inflight``); ``linger_s``: how long an
-        outbox may wait to fill its call (0: send at once), ``behind_linger_s``
-        while the source is behind its input (default ``linger_s``)."""
+        """``settings``: this source's (``runtime.dataflow.settings``);
+        ``epoch`` > 0: a restart, ``dead_workers`` the workers it must not
+        route to (fenced before it started)."""
+        st = self.settings = settings
         self.index = int(index)
         self.grouping = grouping
         self.transport = transport
-        self.n_workers = int(n_workers)
-        self.key = key
+        self.n_workers = int(st.n_workers)
+        self.key = st.key
         self.clock = clock
         self.sleep = sleep
         self.t0 = t0
         self.control = control
         self.epoch = int(epoch)
         self.outboxes = Outboxes(
-            self.n_workers, max_inflight=int(max_inflight),
-            outbox_batches=int(max_inflight) if outbox is None else int(outbox),
-            call_messages=call_messages, linger_s=linger_s, clock=clock,
-            behind_linger_s=behind_linger_s)
-        self.pacer = Pacer(rate_per_source, clock, sleep)
+            self.n_workers, max_inflight=int(st.max_inflight),
+            outbox_batches=int(st.max_inflight) if st.outbox is None else int(st.outbox),
+            call_messages=st.call_messages, linger_s=st.linger_s, clock=clock,
+            behind_linger_s=st.behind_linger_s)
+        self.pacer = Pacer(st.rate_per_source, clock, sleep)
         self.log = ReplayLog()
         self.members = Membership(self.n_workers, grouping, dead_workers)
         self.failures = FailureLog()
@@ -320,19 +309,19 @@ class SourceCore:
         self.blocked = False  # the last step waited for a worker to get below its memory bound
         self._step: list[tuple[pa.Table, float | None, int]] = []  # run's batches not routed yet
         self._step_rows = 0  # their messages
-        self.vw_every_s = float(vw_every_s)
+        self.vw_every_s = float(st.vw_every_s)
         self.vw_history: list[tuple[float, list[int]]] = []
         self._next_vw = -np.inf
         self.load_reports = (LoadReports(self.index, grouping.n_virtual, control,
-                                         report_every_s, clock)
+                                         st.report_every_s, clock)
                              if grouping.coordinated and control is not None else None)
         # reference schemes (WRR) are told the configured capacities as they change
         self._cap_changes: list[tuple[float, int, float]] = []
         if self.grouping.knows_capacities:
-            for w, c in enumerate(capacities or [1.0] * self.n_workers):
+            for w, c in enumerate(st.capacities or [1.0] * self.n_workers):
                 self.grouping.on_capacity(w, c)
             self._cap_changes = sorted((float(a), int(w), float(c))
-                                       for a, w, c in capacity_changes)
+                                       for a, w, c in st.capacity_changes)
 
     # ------------------------------------------------------------------ acks
     def _handle(self, done: list[tuple[Any, Any]]) -> None:
@@ -622,7 +611,7 @@ class SourceCore:
             self.sleep(timeout)
 
     def run(self, batches: Iterable[pa.Table | tuple[pa.Table, float]],
-            plan: ResumePlan | None = None) -> dict[str, Any]:
+            plan: ResumePlan | None = None) -> SourceStats:
         """Stream ``batches`` (the shard from its start); ``plan``: a restarted
         source's resume plan (batches before ``plan.start_batch`` are skipped).
         A live stream's batches are ``(table, handed_ts)``: its messages'
@@ -723,38 +712,38 @@ class SourceCore:
                     self.log.committed(w, int(r))
             self._check_notices()
 
-    def progress(self) -> dict[str, Any]:
-        return {"source": self.index, "routed": self.routed, "acked": self.acked,
-                "done": self.done, "epoch": self.epoch, "retained": self.log.messages,
-                "failures": [dict(f) for f in self.failures.records]}
+    def progress(self) -> SourceProgress:
+        return SourceProgress(source=self.index, routed=self.routed, acked=self.acked,
+                              done=self.done, epoch=self.epoch, retained=self.log.messages,
+                              failures=[dict(f) for f in self.failures.records])
 
-    def stats(self, start: float | None = None) -> dict[str, Any]:
+    def stats(self, start: float | None = None) -> SourceStats:
         g = self.grouping.stats()
-        return {
-            "source": self.index,
-            "routed": self.routed,
-            "acked": self.acked,
-            "batches": self.batches,
-            "calls": self.outboxes.calls,
-            "sent_per_worker": self.sent_per_worker.tolist(),
-            "grouping": g,
-            "migrations": int(g.get("migrations", 0)),
-            "signals": dict(g.get("signals", {"increase": 0, "decrease": 0})),
-            "route_s": self.route_s,
-            "wait_s": self.wait_s,
-            "elapsed_s": (self.clock() - start) if start is not None else None,
-            "end_ts": self.acks_done_ts if self.acks_done_ts is not None else self.clock(),
-            "committed_ts": self.clock(),
-            "vw_history": self.vw_history,
-            "epoch": self.epoch,
-            "failures": self.failures.records,
-            "resume": self.resume.stats if self.resume is not None else None,
-            "live_workers": sorted(self.members.live),
-            "retained_peak_messages": self.retained_peak,
-            "retained_peak_bytes": self.retained_peak_bytes,
-            "joins": self.members.joins,
-            "rerouted_messages": self.rerouted,
-        }
+        return SourceStats(
+            source=self.index,
+            routed=self.routed,
+            acked=self.acked,
+            batches=self.batches,
+            calls=self.outboxes.calls,
+            sent_per_worker=self.sent_per_worker.tolist(),
+            grouping=g,
+            migrations=int(g.get("migrations", 0)),
+            signals=dict(g.get("signals", {"increase": 0, "decrease": 0})),
+            route_s=self.route_s,
+            wait_s=self.wait_s,
+            elapsed_s=(self.clock() - start) if start is not None else None,
+            end_ts=self.acks_done_ts if self.acks_done_ts is not None else self.clock(),
+            committed_ts=self.clock(),
+            vw_history=self.vw_history,
+            epoch=self.epoch,
+            failures=self.failures.records,
+            resume=self.resume.stats if self.resume is not None else None,
+            live_workers=sorted(self.members.live),
+            retained_peak_messages=self.retained_peak,
+            retained_peak_bytes=self.retained_peak_bytes,
+            joins=self.members.joins,
+            rerouted_messages=self.rerouted,
+        )
 
 
 class Cut:

@@ -54,9 +54,16 @@ from typing import Any
 import numpy as np
 
 from runtime.dataflow.latency import LatencyHistogram
-from runtime.dataflow.messages import Ack
+from runtime.dataflow.messages import (
+    Ack,
+    WorkerProgress,
+    WorkerSeries,
+    WorkerSnapshot,
+    WorkerStats,
+)
 from runtime.dataflow.reliability import ClaimLog, Flush, Part, Tag
 from runtime.dataflow.service import ServiceEmulator
+from runtime.dataflow.settings import WorkerSettings
 from runtime.grouping.coordination import FIRST_PLAN_S, RateMeter
 from runtime.grouping.signals import LoadSignaler, WorkerSignals
 from runtime.reporting.metrics import DistinctKeys
@@ -193,22 +200,20 @@ class LoadMeter:
         s = self.slots
         return float(sum(s.queue_batches_area.values())), float(sum(s.busy_s.values()))
 
-    def series(self, now_rel: float) -> dict[str, Any]:
-        """Per-slot time series from slot 0 to the one holding ``now_rel``:
-        processed, mean queue length (msgs, batches), busy fraction and a
-        sparse latency histogram per slot that has one."""
+    def series(self, now_rel: float) -> WorkerSeries:
+        """Per-slot time series from slot 0 to the one holding ``now_rel``."""
         self.account(now_rel)
         s = self.slots
         slots = range(0, max(s.slot_of(now_rel), 0) + 1)
         slot_s = s.slot_s
-        return {
-            "slot": list(slots),
-            "processed": [s.processed.get(k, 0) for k in slots],
-            "queue_msgs": [s.queue_msgs_area.get(k, 0.0) / slot_s for k in slots],
-            "queue_batches": [s.queue_batches_area.get(k, 0.0) / slot_s for k in slots],
-            "busy": [s.busy_s.get(k, 0.0) / slot_s for k in slots],
-            "latency": {k: h.to_sparse() for k, h in s.latency.items()},
-        }
+        return WorkerSeries(
+            slot=list(slots),
+            processed=[s.processed.get(k, 0) for k in slots],
+            queue_msgs=[s.queue_msgs_area.get(k, 0.0) / slot_s for k in slots],
+            queue_batches=[s.queue_batches_area.get(k, 0.0) / slot_s for k in slots],
+            busy=[s.busy_s.get(k, 0.0) / slot_s for k in slots],
+            latency={k: h.to_sparse() for k, h in s.latency.items()},
+        )
 
 
 class SourceSignals:
@@ -305,46 +310,40 @@ class WorkerCore:
         self,
         worker_id: int,
         app: Any,
+        settings: WorkerSettings,
         *,
-        service_us: float,
-        capacity: float = 1.0,
-        throttle: str = "duty-cycle",
-        queue_batches: int = 8,
-        queue_capacity_batches: int | None = None,
-        slot_s: float = 0.5,
-        signals: WorkerSignals | None = None,
-        aggregate_every_s: float = 1.0,
         sink: Callable[[Flush], None] | None = None,
         t0: float | None = None,
         clock: Clock = time.time,
         sleep: Callable[[float], None] = time.sleep,
-        report_every_s: float | None = None,
         stopped_clock: Clock | None = None,
     ) -> None:
-        """``report_every_s``: coordinated schemes (ACG) - flushes also carry a
+        """``settings``: this worker's (``runtime.dataflow.settings``); with
+        ``report_every_s`` (coordinated schemes: ACG) flushes also carry a
         rate report (``FlushCadence``) and the controller's tables come back
-        (``on_table``)."""
+        (``on_table``). ``sink``: where flushes go (the aggregator's commit)."""
+        st = self.settings = settings
         self.worker_id = int(worker_id)
         #: the app's worker side: ``add(records, key_hashes)`` per sub-batch,
         #: ``flush()`` -> the partial sent to the aggregator
         self.app = app
         self._keys = DistinctKeys()
-        self.throttle = throttle
+        self.throttle = st.throttle
         self.clock = clock
-        self.capacity = float(capacity)
-        scale = self.capacity if throttle == "service" else 1.0
-        self.service = ServiceEmulator(service_us, scale, clock=clock, sleep=sleep,
+        self.capacity = float(st.capacity)
+        scale = self.capacity if st.throttle == "service" else 1.0
+        self.service = ServiceEmulator(st.service_us, scale, clock=clock, sleep=sleep,
                                        stopped_clock=stopped_clock)
-        self.queue_batches = int(queue_batches)
+        self.queue_batches = int(st.queue_batches)
         self._queue: queue.Queue[QueuedCall | None] = queue.Queue(maxsize=self.queue_batches)
         #: why the processing thread died, if it did (then every batch fails fast)
         self._dead: BaseException | None = None
         #: guards ``load``, ``_signals`` and the totals (latency, processed, batches)
         self._lock = threading.Lock()
-        self.load = LoadMeter(queue_capacity_batches or queue_batches, slot_s,
+        self.load = LoadMeter(st.queue_capacity_batches or st.queue_batches, st.slot_s,
                               clock() if t0 is None else float(t0), clock)
-        self._signals = SourceSignals(signals)
-        self._cadence = FlushCadence(aggregate_every_s, report_every_s, clock())
+        self._signals = SourceSignals(st.signals)
+        self._cadence = FlushCadence(st.aggregate_every_s, st.report_every_s, clock())
         self._tables = TableRelay()
         self.sink = sink
         self.latency = LatencyHistogram()
@@ -590,54 +589,53 @@ class WorkerCore:
         if self.throttle == "service":
             self.service.set_capacity_scale(self.capacity)
 
-    def progress(self) -> dict[str, Any]:
-        return {"worker": self.worker_id, "processed": self.processed,
-                "utilization": self.utilization_now(), "queue_msgs": self.load.q_msgs}
+    def progress(self) -> WorkerProgress:
+        return WorkerProgress(worker=self.worker_id, processed=self.processed,
+                              utilization=self.utilization_now(), queue_msgs=self.load.q_msgs)
 
-    def telemetry_snapshot(self) -> dict[str, Any]:
+    def telemetry_snapshot(self) -> WorkerSnapshot:
         """Cumulative counters since ``start_run`` for live metrics (read ~1/s by
-        ``actors.telemetry``): differences of two snapshots give rates, mean
-        utilization and busy fraction, and the latency histogram of the interval."""
+        ``actors.telemetry``)."""
         now = self.clock()
         with self._lock:
             queue_batches_s, busy_s = self.load.integrals(now)
-            return {
-                "t": now,
-                "processed": self.processed,
-                "batches": self.batches,
-                "queue_msgs": self.load.q_msgs,
-                "queue_batches": self.load.q_batches,
-                "queue_capacity": self.load.queue_capacity,
-                "capacity": self.capacity,
-                "queue_batches_s": queue_batches_s,
-                "busy_s": busy_s,
-                "stopped_s": float(self.service.stopped_s),
-                "latency_counts": self.latency.counts.copy(),
-                "latency_max_s": self.latency.max_s,
-            }
+            return WorkerSnapshot(
+                t=now,
+                processed=self.processed,
+                batches=self.batches,
+                queue_msgs=self.load.q_msgs,
+                queue_batches=self.load.q_batches,
+                queue_capacity=self.load.queue_capacity,
+                capacity=self.capacity,
+                queue_batches_s=queue_batches_s,
+                busy_s=busy_s,
+                stopped_s=float(self.service.stopped_s),
+                latency_counts=self.latency.counts.copy(),
+                latency_max_s=self.latency.max_s,
+            )
 
-    def finish(self) -> dict[str, Any]:
+    def finish(self) -> WorkerStats:
         """Final flush and the worker's statistics and per-slot time series."""
         self.maybe_flush(force=True)
         now_rel = self.load.rel(self.clock())
         with self._lock:
             series = self.load.series(now_rel)
             signals = self._signals.emitted()
-        return {
-            "id": self.worker_id,
-            "processed": self.processed,
-            "batches": self.batches,
-            "keys": self.distinct_keys,
-            "flushes": self.flushes,
-            "committed_seq": self.claims.committed_seq,
-            "rejected_batches": self.claims.rejected,
-            "duplicate_messages": self.claims.duplicates,
-            "stopped_s": self.service.stopped_s,
-            "latency": self.latency.to_sparse(),
-            "signals_emitted": signals,
-            "queue_capacity_batches": self.load.queue_capacity,
-            "series": series,
-        }
+        return WorkerStats(
+            id=self.worker_id,
+            processed=self.processed,
+            batches=self.batches,
+            keys=self.distinct_keys,
+            flushes=self.flushes,
+            committed_seq=self.claims.committed_seq,
+            rejected_batches=self.claims.rejected,
+            duplicate_messages=self.claims.duplicates,
+            stopped_s=self.service.stopped_s,
+            latency=self.latency.to_sparse(),
+            signals_emitted=signals,
+            queue_capacity_batches=self.load.queue_capacity,
+            series=series,
+        )
 
 
 def _new_only(part: Part, claims: ClaimLog) -> Part:

@@ -13,6 +13,7 @@ from typing import Any, Literal
 import numpy as np
 
 from runtime.dataflow.latency import LatencyHistogram
+from runtime.dataflow.messages import AggregatorStats, SourceStats, WorkerSeries, WorkerStats
 from runtime.reporting import report as report_mod
 from runtime.topology import Topology
 
@@ -49,10 +50,10 @@ def measurements(
     total: int,
     duration_s: float,
     load_s: float,
-    source_stats: list[dict[str, Any]],
-    worker_stats: list[dict[str, Any]],
+    source_stats: list[SourceStats],
+    worker_stats: list[WorkerStats],
     result: Any,
-    agg_stats: dict[str, Any],
+    agg_stats: AggregatorStats,
     distinct_keys: int | None = None,
     engine: Literal["ray", "sim"] = "ray",
 ) -> report_mod.RunMeasurements:
@@ -65,11 +66,11 @@ def measurements(
     n = len(worker_stats)
     slot_s = topo.run.slot_s
     n_slots = max(1, math.ceil(duration_s / slot_s))
-    series = [w["series"] for w in worker_stats]
-    qcap = [w["queue_capacity_batches"] for w in worker_stats]
+    series = [w.series for w in worker_stats]
+    qcap = [w.queue_capacity_batches for w in worker_stats]
 
-    def col(s: dict[str, Any], name: str) -> np.ndarray:
-        v = np.asarray(s[name][:n_slots], dtype=np.float64)
+    def col(s: WorkerSeries, name: str) -> np.ndarray:
+        v = np.asarray(getattr(s, name)[:n_slots], dtype=np.float64)
         return np.pad(v, (0, n_slots - len(v)))
 
     processed = np.stack([col(s, "processed") for s in series], axis=1)  # [slot, worker]
@@ -78,7 +79,7 @@ def measurements(
     for k in range(n_slots):
         h = LatencyHistogram()
         for s in series:
-            part = s["latency"].get(k)
+            part = s.latency.get(k)
             if part is not None:
                 h.merge(LatencyHistogram.from_sparse(part))
         p50.append(h.percentile_s(50) * 1e3)
@@ -96,42 +97,43 @@ def measurements(
 
     latency = LatencyHistogram()
     for w in worker_stats:
-        latency.merge(LatencyHistogram.from_sparse(w["latency"]))
+        latency.merge(LatencyHistogram.from_sparse(w.latency))
     full_rate = topo.workers.service_us and 1e6 / topo.workers.service_us
     return report_mod.RunMeasurements(
         engine=engine,
         messages_input=int(total),
-        messages_processed=int(sum(w["processed"] for w in worker_stats)),
+        messages_processed=int(sum(w.processed for w in worker_stats)),
         duration_s=duration_s,
         latency_ms=report_mod.latency_ms(latency.summary_ms()),
         series=slots,
         workers=[report_mod.WorkerTotals(
-            capacity=caps.initial[i], processed=int(w["processed"]), keys=int(w["keys"]),
-            batches=int(w["batches"]), stopped_s=float(w["stopped_s"]),
-            signals_emitted=w["signals_emitted"],
+            capacity=caps.initial[i], processed=int(w.processed), keys=int(w.keys),
+            batches=int(w.batches), stopped_s=float(w.stopped_s),
+            signals_emitted=report_mod.Signals(increase=int(w.signals_emitted["increase"]),
+                                               decrease=int(w.signals_emitted["decrease"])),
             latency_ms=report_mod.latency_ms(
-                LatencyHistogram.from_sparse(w["latency"]).summary_ms()))
+                LatencyHistogram.from_sparse(w.latency).summary_ms()))
             for i, w in enumerate(worker_stats)],
         sources=[report_mod.SourceReport(
-            source=s["source"], routed=s["routed"], acked=s["acked"], batches=s["batches"],
-            calls=s["calls"], sent_per_worker=s["sent_per_worker"], route_s=s["route_s"],
-            wait_s=s["wait_s"], grouping=s["grouping"])
+            source=s.source, routed=s.routed, acked=s.acked, batches=s.batches,
+            calls=s.calls, sent_per_worker=s.sent_per_worker, route_s=s.route_s,
+            wait_s=s.wait_s, grouping=s.grouping)
             for s in source_stats],
         distinct_keys=distinct_keys or _distinct_result_keys(result, topo.app.kind),
         signals_emitted=report_mod.Signals(
-            increase=sum(int(w["signals_emitted"]["increase"]) for w in worker_stats),
-            decrease=sum(int(w["signals_emitted"]["decrease"]) for w in worker_stats)),
+            increase=sum(int(w.signals_emitted["increase"]) for w in worker_stats),
+            decrease=sum(int(w.signals_emitted["decrease"]) for w in worker_stats)),
         queue_capacity_batches=min(topo.workers.queue_batches,
                                    topo.sources * topo.run.max_inflight),
         full_speed_msgs_per_s=caps.mean_total(duration_s) * full_rate if full_rate else None,
-        coordinator=agg_stats.get("coordinator"),
+        coordinator=agg_stats.coordinator,
         load_s=load_s,
     )
 
 
-def _vw_series(source_stats: list[dict[str, Any]], t_s: np.ndarray, n: int) -> np.ndarray | None:
+def _vw_series(source_stats: list[SourceStats], t_s: np.ndarray, n: int) -> np.ndarray | None:
     """Mean over sources of each worker's virtual-worker count at every slot end."""
-    hist = [s.get("vw_history") or [] for s in source_stats]
+    hist = [s.vw_history or [] for s in source_stats]
     if not any(hist):
         return None
     out = np.zeros((len(t_s), n))

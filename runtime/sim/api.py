@@ -168,7 +168,8 @@ def _over_the_cores(topo: Topology, inp: SimInput, clock: phases.RunClock, t0: f
     report: dict[str, Any] = dict(reporting.build_report(topo, m))
     wall = time.perf_counter() - t0
     report["input"] = inp.description
-    report["aggregator"] = {k: v for k, v in agg_stats.items() if k != "peak_rss_mb"}
+    report["aggregator"] = {k: v for k, v in agg_stats.as_report().items()
+                            if k != "peak_rss_mb"}
     report["sim"] = {
         "model": "cores",
         "wall_s": wall,

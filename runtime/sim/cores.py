@@ -28,6 +28,7 @@ CPU a call costs the source is modelled, Ray's network is not).
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import itertools
 import math
@@ -40,12 +41,13 @@ import numpy as np
 import pyarrow as pa
 
 from runtime.dataflow.aggregator import AggregatorCore
+from runtime.dataflow.messages import AggregatorStats, SourceStats
 from runtime.dataflow.reliability import Flush, Part
+from runtime.dataflow.settings import CoreSettings, coordinator_for
 from runtime.dataflow.source import SourceCore
 from runtime.dataflow.worker import WorkerCore
-from runtime.grouping import SCHEMES, make_grouping
 from runtime.inputs.input_check import shard_block_rows
-from runtime.operators import WorkerApp, operator_for_app
+from runtime.operators import WorkerApp
 from runtime.reporting import report as report_mod
 from runtime.reporting.cores import Capacities, measurements
 from runtime.sim.inputs import SimInput
@@ -229,21 +231,33 @@ def _shards(inp: SimInput, sources: int, batch: int, block_rows: int) -> list[li
     return out
 
 
+#: a simulated worker's input queue, in calls: never full (a call reaches its
+#: worker at once; the sources' in-flight windows bound what waits)
+SIM_QUEUE_BATCHES = 1 << 20
+
+
+def core_settings(topo: Topology, coordinator: Any) -> CoreSettings:
+    """What the simulated cores are built from: the real engine's settings
+    (``actors.pipeline.core_settings``), but for the workers' throttle -
+    every mechanism is modelled as service time scaled by the capacity - and
+    their queue (``SIM_QUEUE_BATCHES``; the utilization's denominator stays
+    the topology's)."""
+    settings = CoreSettings.from_topology(topo, coordinator)
+    return dataclasses.replace(settings, workers=tuple(
+        dataclasses.replace(w, throttle="service", queue_batches=SIM_QUEUE_BATCHES)
+        for w in settings.workers))
+
+
 def simulate_cores(topo: Topology, inp: SimInput) -> tuple[report_mod.RunMeasurements, pa.Table,
-                                                           dict[str, Any]]:
+                                                           AggregatorStats]:
     """Run ``topo`` over ``inp`` on the cores; the measurements, the result
     table and the aggregator's statistics."""
     vt = VirtualTime()
-    run, wspec = topo.run, topo.workers
     caps = Capacities(topo)
     n = topo.workers.total_count
-    params = topo.grouping_params()
-    scheme = SCHEMES[topo.grouping.scheme]
-    coordinator = (scheme.coordinator(n, params, alive=range(n), sources=topo.sources)
-                   if scheme.coordinated else None)
-    app = topo.app.model_dump()
-    agg = AggregatorCore(app, topo.base_dir, coordinator=coordinator, clock=vt.clock)
-    qcap = min(wspec.queue_batches, topo.sources * run.max_inflight)
+    coordinator = coordinator_for(topo)
+    settings = core_settings(topo, coordinator)
+    agg = AggregatorCore(settings.aggregator, coordinator=coordinator, clock=vt.clock)
     workers: list[WorkerCore] = []
 
     def sink(w: int) -> Callable[[Flush], None]:
@@ -255,28 +269,18 @@ def simulate_cores(topo: Topology, inp: SimInput) -> tuple[report_mod.RunMeasure
 
     t0 = vt.now
     for w in range(n):
-        workers.append(WorkerCore(
-            w, WorkerApp(operator_for_app(app, topo.base_dir)), service_us=wspec.service_us,
-            capacity=caps.initial[w], throttle="service", queue_batches=1 << 20,
-            queue_capacity_batches=qcap, slot_s=run.slot_s,
-            signals=scheme.worker_signals(params), aggregate_every_s=topo.app.aggregate_every_s,
-            sink=sink(w), t0=t0, clock=vt.clock, sleep=vt.sleep,
-            report_every_s=coordinator.epoch_s if coordinator is not None else None))
+        workers.append(WorkerCore(w, WorkerApp(settings.aggregator.operator()),
+                                  settings.workers[w], sink=sink(w), t0=t0, clock=vt.clock,
+                                  sleep=vt.sleep))
     for core in workers:  # virtual time needs no slicing: one sleep per call
         core.service.slice_s = math.inf
     agg.start_run(t0)
-    shards = _shards(inp, topo.sources, run.batch, shard_block_rows(topo))
-    cores = [SourceCore(
-        s, make_grouping(topo.grouping.scheme, n, seed=run.seed + s, clock=vt.clock, **params),
-        _Transport(vt, workers, s), n_workers=n, max_inflight=run.max_inflight,
-        call_messages=run.call_messages, linger_s=run.linger_ms / 1000,
-        behind_linger_s=run.behind_linger_ms / 1000, rate_per_source=run.rate / topo.sources,
-        vw_every_s=run.slot_s, clock=vt.clock, sleep=vt.sleep, t0=t0,
-        control=_Control(agg, workers, s), capacities=caps.initial,
-        capacity_changes=caps.changes,
-        report_every_s=coordinator.epoch_s if coordinator is not None else 1.0)
-        for s in range(topo.sources)]
-    stats: list[dict[str, Any]] = [{} for _ in cores]
+    src = settings.source
+    shards = _shards(inp, topo.sources, src.batch, shard_block_rows(topo))
+    cores = [SourceCore(s, src.grouping(s, clock=vt.clock), _Transport(vt, workers, s), src,
+                        clock=vt.clock, sleep=vt.sleep, t0=t0, control=_Control(agg, workers, s))
+             for s in range(topo.sources)]
+    stats: dict[int, SourceStats] = {}
     running = [len(cores)]
 
     def source(s: int) -> None:
@@ -291,7 +295,6 @@ def simulate_cores(topo: Topology, inp: SimInput) -> tuple[report_mod.RunMeasure
 
         core.send_step = paid_step  # type: ignore[method-assign]
         stats[s] = core.run(pa.Table.from_batches([inp.records(idx)]) for idx in shards[s])
-        stats[s].update(source=s, end_ts=core.acks_done_ts or vt.now, epoch=0, failures=[])
         running[0] -= 1
 
     def worker(w: int) -> None:
@@ -319,8 +322,8 @@ def simulate_cores(topo: Topology, inp: SimInput) -> tuple[report_mod.RunMeasure
     worker_stats = [core.finish() for core in workers]
     result = agg.result()
     agg_stats = agg.stats()
-    duration_s = max(max(s["end_ts"] for s in stats) - t0, 1e-9)
-    measured = measurements(topo, caps, inp.n, duration_s, 0.0, stats, worker_stats, result,
+    source_stats = [stats[s] for s in range(len(cores))]
+    duration_s = max(max(s.end_ts for s in source_stats) - t0, 1e-9)
+    measured = measurements(topo, caps, inp.n, duration_s, 0.0, source_stats, worker_stats, result,
                             agg_stats, engine="sim")
-    agg_stats["simulated_in_s"] = time.time() - wall
-    return measured, result, agg_stats
+    return measured, result, dataclasses.replace(agg_stats, simulated_in_s=time.time() - wall)

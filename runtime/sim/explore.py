@@ -56,10 +56,10 @@ from runtime.dataflow.aggregator import AggregatorCore
 from runtime.dataflow.messages import Verdict as CommitVerdict
 from runtime.dataflow.recovery import plan_resume
 from runtime.dataflow.reliability import Flush, Part, WorkerLost
+from runtime.dataflow.settings import AggregatorSettings, SourceSettings, WorkerSettings
 from runtime.dataflow.source import SourceCore
 from runtime.dataflow.worker import WorkerCore
 from runtime.grouping import SCHEMES as SCHEME_CLASSES
-from runtime.grouping import make_grouping
 from runtime.operators import WorkerApp, builtin_operator
 
 #: the schemes a seed draws from (every kind of routing state: hashing,
@@ -225,16 +225,16 @@ class Attempt:
                                              sources=sc.sources)
             coordinator.start(self.vc.t)
         self.coordinated = coordinator is not None
-        self.agg = AggregatorCore({"kind": "wordcount"}, coordinator=coordinator,
-                                  clock=self.vc.clock)
+        self.agg = AggregatorCore(AggregatorSettings({"kind": "wordcount"}),
+                                  coordinator=coordinator, clock=self.vc.clock)
         op = builtin_operator("wordcount")
-        self.workers = [
-            WorkerCore(w, WorkerApp(op), service_us=20.0, clock=self.vc.clock,
-                       sleep=self.vc.sleep, t0=self.vc.t, sink=self._sink(w),
-                       aggregate_every_s=sc.aggregate_every_s, queue_batches=1 << 16,
-                       throttle="service", signals=scheme.worker_signals(params),
-                       report_every_s=0.05 if coordinator is not None else None)
-            for w in range(sc.workers)]
+        settings = WorkerSettings(
+            service_us=20.0, aggregate_every_s=sc.aggregate_every_s, queue_batches=1 << 16,
+            throttle="service", signals=scheme.worker_signals(params),
+            report_every_s=0.05 if coordinator is not None else None)
+        self.workers = [WorkerCore(w, WorkerApp(op), settings, clock=self.vc.clock,
+                                   sleep=self.vc.sleep, t0=self.vc.t, sink=self._sink(w))
+                        for w in range(sc.workers)]
         self.dead: set[int] = set()  # processes gone
         self.fenced: set[int] = set()  # the driver noticed (fenced at the aggregator)
         self.detect_at: dict[int, int] = {}  # worker -> yield point the driver notices it
@@ -396,13 +396,14 @@ class Attempt:
 
     def _new_core(self, s: int) -> SourceCore:
         sc = self.sc
-        grouping = make_grouping(sc.scheme, sc.workers, seed=s, clock=self.vc.clock,
-                                 **self.params)
-        core = SourceCore(s, grouping, self.transport(s), n_workers=sc.workers,
-                          max_inflight=2, call_messages=int(self.rng.choice([1, 4096])),
-                          clock=self.vc.clock, sleep=self.vc.sleep, t0=self.vc.t,
+        settings = SourceSettings(n_workers=sc.workers, max_inflight=2,
+                                  call_messages=int(self.rng.choice([1, 4096])),
+                                  report_every_s=0.05, scheme=sc.scheme,
+                                  grouping_params=self.params)
+        core = SourceCore(s, settings.grouping(s, clock=self.vc.clock), self.transport(s),
+                          settings, clock=self.vc.clock, sleep=self.vc.sleep, t0=self.vc.t,
                           control=Control(self, s), epoch=self.epochs[s],
-                          dead_workers=sorted(self.fenced), report_every_s=0.05)
+                          dead_workers=sorted(self.fenced))
         self.cores[s] = core
         return core
 

@@ -14,6 +14,7 @@ from conftest import FakeTime
 from runtime.dataflow.aggregator import AggregatorCore
 from runtime.dataflow.messages import Ack
 from runtime.dataflow.reliability import Part
+from runtime.dataflow.settings import AggregatorSettings, SourceSettings, WorkerSettings
 from runtime.dataflow.source import SourceCore, rebatch
 from runtime.dataflow.worker import WorkerCore
 from runtime.grouping import make_grouping
@@ -57,9 +58,11 @@ def words(n: int, n_keys: int = 50, seed: int = 0) -> list[str]:
 
 
 def make_workers(n: int, ft: FakeTime, sink: list, **kw) -> list[WorkerCore]:
+    """``kw``: ``WorkerSettings`` fields."""
     op = builtin_operator("wordcount")
-    return [WorkerCore(i, WorkerApp(op), service_us=100.0, clock=ft.clock,
-                       sleep=ft.sleep, t0=ft.t, sink=sink.append, aggregate_every_s=0.05, **kw)
+    settings = WorkerSettings(service_us=100.0, aggregate_every_s=0.05, **kw)
+    return [WorkerCore(i, WorkerApp(op), settings, clock=ft.clock, sleep=ft.sleep, t0=ft.t,
+                       sink=sink.append)
             for i in range(n)]
 
 
@@ -70,29 +73,29 @@ def test_source_to_workers_to_aggregator_is_exact(scheme: str) -> None:
     workers = make_workers(4, ft, partials, queue_batches=4, queue_capacity_batches=2)
     transport = DirectTransport(workers)
     g = make_grouping(scheme, 4, seed=3, clock=ft.clock)
-    src = SourceCore(0, g, transport, n_workers=4, max_inflight=2, clock=ft.clock,
+    src = SourceCore(0, g, transport, SourceSettings(n_workers=4, max_inflight=2), clock=ft.clock,
                      sleep=ft.sleep, t0=ft.t)
     data = words(20_000)
     batches = [pa.table({"key": data[i:i + 1000]}) for i in range(0, len(data), 1000)]
     stats = src.run(batches)
-    assert stats["routed"] == stats["acked"] == 20_000
+    assert stats.routed == stats.acked == 20_000
     assert max(transport.max_inflight_seen.values()) <= 2  # backpressure window
     assert sum(w.processed for w in workers) == 20_000
     for w in workers:
         w.finish()
-    agg = AggregatorCore({"kind": "wordcount"})
+    agg = AggregatorCore(AggregatorSettings({"kind": "wordcount"}))
     for p in partials:
         agg.merge(p)
     got = dict(zip(*agg.result().to_pydict().values(), strict=True))
     assert got == dict(collections.Counter(data))
-    assert sum(stats["sent_per_worker"]) == 20_000
+    assert sum(stats.sent_per_worker) == 20_000
     if scheme == "kg":  # one worker per key: keys held add up to the distinct keys
         assert sum(w.distinct_keys for w in workers) == len(set(data))
 
 
 def test_service_time_and_latency_are_per_message() -> None:
     ft = FakeTime()
-    w = WorkerCore(0, WorkerApp(builtin_operator("wordcount")), service_us=1000.0,
+    w = WorkerCore(0, WorkerApp(builtin_operator("wordcount")), WorkerSettings(service_us=1000.0),
                    clock=ft.clock, sleep=ft.sleep, t0=ft.t)
     emit = ft.t
     w.enqueue(0, [Part.of(pa.array(["a"] * 100), emit)])
@@ -104,13 +107,14 @@ def test_service_time_and_latency_are_per_message() -> None:
     assert w.latency.count == 200
     assert w.latency.sum_s / 200 == pytest.approx(0.1005)
     stats = w.finish()
-    assert stats["processed"] == 200 and stats["keys"] == 2
+    assert stats.processed == 200 and stats.keys == 2
 
 
 def test_service_mode_capacity_scales_rate() -> None:
     ft = FakeTime()
-    w = WorkerCore(0, WorkerApp(builtin_operator("wordcount")), service_us=100.0,
-                   capacity=0.25, throttle="service", clock=ft.clock, sleep=ft.sleep, t0=ft.t)
+    w = WorkerCore(0, WorkerApp(builtin_operator("wordcount")),
+                   WorkerSettings(service_us=100.0, capacity=0.25, throttle="service"),
+                   clock=ft.clock, sleep=ft.sleep, t0=ft.t)
     t = ft.t
     for _ in range(20):
         w.enqueue(0, [Part.of(pa.array(["a"] * 500), ft.t)])
@@ -119,16 +123,19 @@ def test_service_mode_capacity_scales_rate() -> None:
     w.set_capacity(1.0)
     assert w.service.cost_s == pytest.approx(100e-6)
     # in duty-cycle mode capacity is NOT applied by the emulator (applied once, by SIGSTOP)
-    d = WorkerCore(1, WorkerApp(builtin_operator("wordcount")), service_us=100.0,
-                   capacity=0.25, throttle="duty-cycle", clock=ft.clock, sleep=ft.sleep)
+    d = WorkerCore(1, WorkerApp(builtin_operator("wordcount")),
+                   WorkerSettings(service_us=100.0, capacity=0.25, throttle="duty-cycle"),
+                   clock=ft.clock, sleep=ft.sleep)
     assert d.service.cost_s == pytest.approx(100e-6)
 
 
 def test_signals_one_per_slot_per_source_from_queue_utilization() -> None:
     ft = FakeTime(0.0)
-    w = WorkerCore(0, WorkerApp(builtin_operator("wordcount")), service_us=0.0,
-                   queue_batches=4, queue_capacity_batches=4, clock=ft.clock, sleep=ft.sleep,
-                   t0=0.0, slot_s=1.0, signals=WorkerSignals(slot_s=1.0, busy_above=0.85, idle_below=0.75))
+    w = WorkerCore(0, WorkerApp(builtin_operator("wordcount")),
+                   WorkerSettings(service_us=0.0, queue_batches=4, queue_capacity_batches=4,
+                                  slot_s=1.0, signals=WorkerSignals(slot_s=1.0, busy_above=0.85,
+                                                                    idle_below=0.75)),
+                   clock=ft.clock, sleep=ft.sleep, t0=0.0)
     # slot 0: queue full (4 of 4) the whole slot, for both sources
     for s in (0, 1, 0, 1):
         w.enqueue(s, [Part.of(pa.array(["x"] * 10), ft.t)])
@@ -148,24 +155,25 @@ def test_signals_one_per_slot_per_source_from_queue_utilization() -> None:
     w.step(0)
     assert item.ack.signal == 1
     stats = w.finish()
-    assert stats["signals_emitted"] == {"increase": 1, "decrease": 2}
-    s = stats["series"]
-    assert s["queue_batches"][0] == pytest.approx(4.0)
-    assert s["processed"][1] == 40
+    assert stats.signals_emitted == {"increase": 1, "decrease": 2}
+    s = stats.series
+    assert s.queue_batches[0] == pytest.approx(4.0)
+    assert s.processed[1] == 40
 
 
 def test_worker_time_series_slots() -> None:
     ft = FakeTime(0.0)
     # slots of 0.55 s: no batch ends on a slot boundary (where float rounding decides)
-    w = WorkerCore(0, WorkerApp(builtin_operator("wordcount")), service_us=1000.0,
-                   slot_s=0.55, clock=ft.clock, sleep=ft.sleep, t0=0.0)
+    w = WorkerCore(0, WorkerApp(builtin_operator("wordcount")),
+                   WorkerSettings(service_us=1000.0, slot_s=0.55), clock=ft.clock, sleep=ft.sleep,
+                   t0=0.0)
     for _ in range(10):
         w.enqueue(0, [Part.of(pa.array(["k"] * 100), ft.t)])
         w.step(0)  # 0.1 s per batch: busy from 0 to 1.0 s
-    series = w.finish()["series"]
-    assert series["slot"] == [0, 1]
-    assert series["processed"] == [500, 500]  # batches ending at 0.1..0.5 s, 0.6..1.0 s
-    assert series["busy"] == pytest.approx([1.0, 0.45 / 0.55])
+    series = w.finish().series
+    assert series.slot == [0, 1]
+    assert series.processed == [500, 500]  # batches ending at 0.1..0.5 s, 0.6..1.0 s
+    assert series.busy == pytest.approx([1.0, 0.45 / 0.55])
 
 
 def _wait_for(condition, timeout_s: float = 10.0) -> bool:
@@ -182,8 +190,8 @@ def test_bounded_queue_blocks_and_worker_thread_drains() -> None:
     """12 callers, a queue of 2 batches and no processing thread yet: 2 batches
     are queued and the other 10 callers block in ``put``; the thread, once
     started, drains them all."""
-    w = WorkerCore(0, WorkerApp(builtin_operator("wordcount")), service_us=100.0,
-                   queue_batches=2)
+    w = WorkerCore(0, WorkerApp(builtin_operator("wordcount")),
+                   WorkerSettings(service_us=100.0, queue_batches=2))
     acks = []
     callers = [threading.Thread(target=lambda i=i: acks.append(
         w.submit(i % 3, [Part.of(pa.array([f"k{i}"] * 50), 0.0)])), daemon=True)
@@ -191,7 +199,7 @@ def test_bounded_queue_blocks_and_worker_thread_drains() -> None:
     for c in callers:
         c.start()
     # a caller counts its batch (queue_msgs) before its put, blocked or not
-    assert _wait_for(lambda: w.progress()["queue_msgs"] == 600)
+    assert _wait_for(lambda: w.progress().queue_msgs == 600)
     assert w._queue.qsize() == 2 and w._queue.full()  # the other 10 wait to put
     assert acks == [] and all(c.is_alive() for c in callers)
     th = threading.Thread(target=w.run_forever, daemon=True)
@@ -203,8 +211,8 @@ def test_bounded_queue_blocks_and_worker_thread_drains() -> None:
     th.join(timeout=5)
     assert not th.is_alive()
     assert len(acks) == 12 and sum(a.acked for a in acks) == 600
-    assert w.progress()["queue_msgs"] == 0
-    assert w.finish()["keys"] == 12
+    assert w.progress().queue_msgs == 0
+    assert w.finish().keys == 12
 
 
 def test_source_honours_rate() -> None:
@@ -213,8 +221,9 @@ def test_source_honours_rate() -> None:
     workers = make_workers(2, ft, partials)
     for w in workers:
         w.service = type(w.service)(0.0, clock=ft.clock, sleep=ft.sleep)  # no service time
-    src = SourceCore(0, make_grouping("sg", 2, seed=0), DirectTransport(workers), n_workers=2,
-                     rate_per_source=5_000.0, clock=ft.clock, sleep=ft.sleep, t0=ft.t)
+    src = SourceCore(0, make_grouping("sg", 2, seed=0), DirectTransport(workers),
+                     SourceSettings(n_workers=2, rate_per_source=5_000.0), clock=ft.clock,
+                     sleep=ft.sleep, t0=ft.t)
     t = ft.t
     src.run([pa.table({"key": [f"k{i}" for i in range(500)]}) for _ in range(20)])
     assert ft.t - t == pytest.approx(10_000 / 5_000.0)
@@ -246,17 +255,18 @@ def test_every_ack_reaches_the_grouping_with_signals() -> None:
     ft = FakeTime(0.0)
     op = builtin_operator("wordcount")
     sig = WorkerSignals(slot_s=0.1, busy_above=0.85, idle_below=0.75)
-    workers = [WorkerCore(i, WorkerApp(op), service_us=200.0, clock=ft.clock,
-                          sleep=ft.sleep, t0=0.0, signals=sig, queue_capacity_batches=2)
+    workers = [WorkerCore(i, WorkerApp(op),
+                          WorkerSettings(service_us=200.0, signals=sig, queue_capacity_batches=2),
+                          clock=ft.clock, sleep=ft.sleep, t0=0.0)
                for i in range(3)]
     g = RecordingGrouping(make_grouping("cg", 3, seed=0))
-    src = SourceCore(0, g, DirectTransport(workers), n_workers=3, clock=ft.clock,
+    src = SourceCore(0, g, DirectTransport(workers), SourceSettings(n_workers=3), clock=ft.clock,
                      sleep=ft.sleep, t0=0.0)
     stats = src.run([pa.table({"key": [f"k{i % 97}" for i in range(900)]}) for _ in range(30)])
-    assert sum(a for _, _, a in g.acks) == 27_000 == stats["acked"]
+    assert sum(a for _, _, a in g.acks) == 27_000 == stats.acked
     signals = [s for _, s, _ in g.acks if s]
     assert signals  # piggybacked on acks
-    assert stats["signals"]["increase"] + stats["signals"]["decrease"] == len(signals)
+    assert stats.signals["increase"] + stats.signals["decrease"] == len(signals)
 
 
 def test_latency_counts_from_the_scheduled_time_when_the_source_falls_behind() -> None:
@@ -266,9 +276,9 @@ def test_latency_counts_from_the_scheduled_time_when_the_source_falls_behind() -
     ft = FakeTime(0.0)
     workers = make_workers(1, ft, [])  # 100 us/message: 10,000 msgs/s
     # calls of one batch: with fake time the worker only runs while the source waits
-    src = SourceCore(0, make_grouping("kg", 1, seed=0), DirectTransport(workers), n_workers=1,
-                     rate_per_source=20_000.0, clock=ft.clock, sleep=ft.sleep, t0=0.0,
-                     call_messages=100)
+    src = SourceCore(0, make_grouping("kg", 1, seed=0), DirectTransport(workers),
+                     SourceSettings(n_workers=1, rate_per_source=20_000.0, call_messages=100),
+                     clock=ft.clock, sleep=ft.sleep, t0=0.0)
     src.run([pa.table({"key": ["a"] * 100}) for _ in range(100)])  # 10,000 messages
     # the worker's pace (10,000 messages of 100 us), not the offered rate (0.5 s); with
     # fake time the worker starts when the source first waits, 20 ms in (4 batches routed)
@@ -300,9 +310,9 @@ def test_outboxes_are_bounded_and_keep_fifo_per_worker() -> None:
         return send(worker, parts)
 
     transport.send = recording_send
-    src = SourceCore(0, make_grouping("sg", 2, seed=0), transport, n_workers=2,
-                     max_inflight=2, outbox=3, call_messages=100, clock=ft.clock,
-                     sleep=ft.sleep, t0=ft.t)
+    src = SourceCore(0, make_grouping("sg", 2, seed=0), transport,
+                     SourceSettings(n_workers=2, max_inflight=2, outbox=3, call_messages=100),
+                     clock=ft.clock, sleep=ft.sleep, t0=ft.t)
     longest = 0
     flush = src._flush
 
@@ -313,7 +323,7 @@ def test_outboxes_are_bounded_and_keep_fifo_per_worker() -> None:
 
     src._flush = watching_flush
     stats = src.run([pa.table({"key": [f"k{i}" for i in range(100)]}) for _ in range(40)])
-    assert stats["acked"] == 4_000
+    assert stats.acked == 4_000
     assert 5 * 100 < longest <= 5 * 100 + 50  # the bound, plus the half batch just routed
     assert max(transport.max_inflight_seen.values()) <= 2
     for w in (0, 1):
@@ -337,12 +347,12 @@ def test_queued_sub_batches_are_coalesced_into_calls_up_to_the_cap() -> None:
         return send(worker, parts)
 
     transport.send = recording_send
-    src = SourceCore(0, make_grouping("sg", 2, seed=0), transport, n_workers=2,
-                     max_inflight=1, outbox=10, call_messages=700, clock=ft.clock,
-                     sleep=ft.sleep, t0=ft.t)
+    src = SourceCore(0, make_grouping("sg", 2, seed=0), transport,
+                     SourceSettings(n_workers=2, max_inflight=1, outbox=10, call_messages=700),
+                     clock=ft.clock, sleep=ft.sleep, t0=ft.t)
     keys = [f"k{i % 37}" for i in range(100)]
     stats = src.run([pa.table({"key": keys}) for _ in range(60)])  # 50 per worker and batch
-    assert stats["acked"] == 6_000 and stats["calls"] == len(calls)
+    assert stats.acked == 6_000 and stats.calls == len(calls)
     assert all(len(parts) == 1 for _, parts in calls)
     sizes = [len(parts[0]) for _, parts in calls]
     assert max(sizes) <= 700 and max(sizes) > 50  # coalesced, capped
@@ -383,8 +393,8 @@ def _calls_of(linger_s: float, rate: float = 0.0, behind_linger_s: float | None 
     ft = FakeTime()
     partials: list = []
     op = builtin_operator("wordcount")
-    workers = [WorkerCore(i, WorkerApp(op), service_us=0.0, clock=ft.clock, sleep=ft.sleep,
-                          t0=ft.t, sink=partials.append, aggregate_every_s=0.05)
+    workers = [WorkerCore(i, WorkerApp(op), WorkerSettings(service_us=0.0, aggregate_every_s=0.05),
+                          clock=ft.clock, sleep=ft.sleep, t0=ft.t, sink=partials.append)
                for i in range(2)]
     transport = InstantAcks(workers)
     calls: list[tuple[float, int, float]] = []
@@ -395,9 +405,10 @@ def _calls_of(linger_s: float, rate: float = 0.0, behind_linger_s: float | None 
         return send(worker, parts)
 
     transport.send = recording_send
-    src = SourceCore(0, make_grouping("sg", 2, seed=0), transport, n_workers=2,
-                     max_inflight=2, linger_s=linger_s, behind_linger_s=behind_linger_s,
-                     rate_per_source=rate, call_messages=200,
+    src = SourceCore(0, make_grouping("sg", 2, seed=0), transport,
+                     SourceSettings(n_workers=2, max_inflight=2, linger_s=linger_s,
+                                    behind_linger_s=behind_linger_s, rate_per_source=rate,
+                                    call_messages=200),
                      clock=ft.clock, sleep=ft.sleep, t0=ft.t)
     keys = [f"k{i % 37}" for i in range(100)]
     stats = src.run([pa.table({"key": keys}) for _ in range(60)])  # 50 per worker and batch
@@ -409,7 +420,7 @@ def _calls_of(linger_s: float, rate: float = 0.0, behind_linger_s: float | None 
         total.update(dict(zip(t.column("key").to_pylist(), t.column("count").to_pylist(),
                               strict=True)))
     assert total == collections.Counter(keys * 60)
-    assert stats["acked"] == 6_000
+    assert stats.acked == 6_000
     return calls, stats, total
 
 
@@ -424,7 +435,7 @@ def test_lingering_outboxes_fill_calls_across_micro_batches() -> None:
     assert [n for _, n, _ in eager] == [50] * 120  # the windows were never full
     # 3,000 per worker: 50 first, then 14 full calls, and the 150 left at the end
     assert [n for _, n, _ in filled] == [50, 50] + [200] * 28 + [150, 150]
-    assert stats["calls"] == 32 and eager_stats["calls"] == 120
+    assert stats.calls == 32 and eager_stats.calls == 120
 
 
 def _steps_of(behind_linger_s: float, rate: float = 0.0
@@ -454,8 +465,9 @@ def _steps_of(behind_linger_s: float, rate: float = 0.0
     routed: list[int] = []
     route = grouping.route
     grouping.route = lambda h: (routed.append(len(h)), route(h))[1]
-    src = SourceCore(0, grouping, transport, n_workers=2, max_inflight=2, linger_s=0.0,
-                     behind_linger_s=behind_linger_s, rate_per_source=rate,
+    src = SourceCore(0, grouping, transport,
+                     SourceSettings(n_workers=2, max_inflight=2, linger_s=0.0,
+                                    behind_linger_s=behind_linger_s, rate_per_source=rate),
                      clock=ft.clock, sleep=ft.sleep, t0=ft.t)
     steps: list[int] = []
     send_step = src.send_step
@@ -467,7 +479,7 @@ def _steps_of(behind_linger_s: float, rate: float = 0.0
     src.send_step = counting_step
     keys = [f"k{i % 37}" for i in range(100)]
     stats = src.run([pa.table({"key": keys}) for _ in range(60)])
-    assert stats["acked"] == 6_000 and stats["batches"] == 60
+    assert stats.acked == 6_000 and stats.batches == 60
     assert routed == [100] * 60  # each batch routed alone, in order
     assert sorted((b, len(idx)) for _, b, idx in segments) == [
         (b, 50) for b in range(60) for _ in (0, 1)]  # sg: one sub-batch of 50 per worker
@@ -503,9 +515,9 @@ def test_a_step_being_filled_goes_when_the_source_waits_for_input() -> None:
     are routed and sent then, not when the next chunk comes."""
     ft = FakeTime()
     workers = make_workers(2, ft, [])
-    src = SourceCore(0, make_grouping("sg", 2, seed=0), InstantAcks(workers), n_workers=2,
-                     linger_s=0.0, behind_linger_s=0.005, clock=ft.clock, sleep=ft.sleep,
-                     t0=ft.t)
+    src = SourceCore(0, make_grouping("sg", 2, seed=0), InstantAcks(workers),
+                     SourceSettings(n_workers=2, linger_s=0.0, behind_linger_s=0.005),
+                     clock=ft.clock, sleep=ft.sleep, t0=ft.t)
     at_idle: list[tuple[int, int]] = []
 
     def chunks():
@@ -516,7 +528,7 @@ def test_a_step_being_filled_goes_when_the_source_waits_for_input() -> None:
             at_idle.append((src.routed, int(src.outboxes.queued_n.sum())))
 
     stats = src.run(chunks())
-    assert stats["acked"] == 1_500
+    assert stats.acked == 1_500
     assert at_idle == [(500, 0), (1_000, 0), (1_500, 0)]
 
 
@@ -527,8 +539,9 @@ def test_a_step_stays_below_the_memory_bound_and_a_blocked_source_steps_one_batc
     ft = FakeTime()
     workers = make_workers(2, ft, [])
     workers[1].service = type(workers[1].service)(5_000.0, clock=ft.clock, sleep=ft.sleep)
-    src = SourceCore(0, make_grouping("sg", 2, seed=0), DirectTransport(workers), n_workers=2,
-                     max_inflight=2, outbox=3, call_messages=100, linger_s=0.005,
+    src = SourceCore(0, make_grouping("sg", 2, seed=0), DirectTransport(workers),
+                     SourceSettings(n_workers=2, max_inflight=2, outbox=3, call_messages=100,
+                                    linger_s=0.005),
                      clock=ft.clock, sleep=ft.sleep, t0=ft.t)
     after_blocked: list[int] = []
     send_step = src.send_step
@@ -540,7 +553,7 @@ def test_a_step_stays_below_the_memory_bound_and_a_blocked_source_steps_one_batc
 
     src.send_step = watching_step
     stats = src.run([pa.table({"key": [f"k{i}" for i in range(100)]}) for _ in range(40)])
-    assert stats["acked"] == 4_000
+    assert stats.acked == 4_000
     assert after_blocked and set(after_blocked) == {1}
 
 
@@ -564,7 +577,7 @@ def test_a_paced_source_sends_a_lingering_outbox_when_it_is_due() -> None:
     call leaves exactly ``linger_s`` after its micro-batch was due - but a
     worker's first, which goes at once (no ack seen yet)."""
     calls, stats, _ = _calls_of(0.005, rate=1_000.0)
-    assert stats["calls"] == len(calls) == 120
+    assert stats.calls == len(calls) == 120
     assert [sent - emit for sent, _, emit in calls[:2]] == [0.0, 0.0]
     for sent, n, emit in calls[2:]:
         assert n == 50 and sent - emit == pytest.approx(0.005, abs=1e-9)
@@ -578,7 +591,7 @@ def test_a_source_behind_its_input_lingers_behind_linger_s() -> None:
     unpaced, stats, _ = _calls_of(0.0, behind_linger_s=0.005)
     assert [n for _, n, _ in unpaced] == [50, 50] + [200] * 28 + [150, 150]
     paced, stats, _ = _calls_of(0.005, rate=1_000.0, behind_linger_s=60.0)
-    assert stats["calls"] == len(paced) == 120
+    assert stats.calls == len(paced) == 120
     for sent, n, emit in paced[2:]:
         assert n == 50 and sent - emit == pytest.approx(0.005, abs=1e-9)
 
@@ -604,8 +617,9 @@ def test_a_dead_processing_thread_fails_waiting_batches_instead_of_hanging() -> 
     def broken_sink(_flush: object) -> None:
         raise AttributeError("no commit")
 
-    w = WorkerCore(0, WorkerApp(builtin_operator("wordcount")), service_us=0.0,
-                   queue_batches=4, aggregate_every_s=0.01, sink=broken_sink)
+    w = WorkerCore(0, WorkerApp(builtin_operator("wordcount")),
+                   WorkerSettings(service_us=0.0, queue_batches=4, aggregate_every_s=0.01),
+                   sink=broken_sink)
     w.start_run(w.clock())
     results: list[object] = []  # per call: its ack, or the exception it raised
 

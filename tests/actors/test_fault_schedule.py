@@ -92,3 +92,40 @@ def test_a_leave_needs_a_live_worker_and_another_one() -> None:
     assert refused(Leave(1.0, 2), dead={0}, inactive={3}, n_workers=4) == ""  # 1 stays
     assert refused(Leave(1.0, 2), dead={0, 1}, inactive={3}, n_workers=4) == (
         "not removed: it is the last live worker")
+
+
+def test_a_dead_workers_stats_and_every_peak_rss_come_from_typed_stats() -> None:
+    """The supervisor's end of a run without Ray: a dead worker's statistics,
+    rebuilt from the aggregator's ledger, go through the report's measurements
+    like a live one's; peak RSS merges what each actor measured itself."""
+    import dataclasses
+
+    import pyarrow as pa
+
+    from actors.faults import ActorProcesses, _dead_worker_stats
+    from runtime.dataflow.messages import AggregatorStats, SourceStats
+    from runtime.reporting.cores import Capacities, measurements
+
+    topo = topology()
+    dead = _dead_worker_stats(1, committed=300)
+    assert dead.dead and dead.processed == 300 and dead.series.slot == []
+    live = [dataclasses.replace(dead, id=i, dead=False, processed=350, peak_rss_mb=90.0 + i)
+            for i in (0, 2)]
+    source = SourceStats(
+        source=0, routed=1000, acked=1000, batches=1, calls=3, sent_per_worker=[350, 300, 350],
+        grouping={}, migrations=0, signals={"increase": 0, "decrease": 0}, route_s=0.0,
+        wait_s=0.0, elapsed_s=1.0, end_ts=1.0, committed_ts=1.0, vw_history=[], epoch=1,
+        failures=[], resume=None, live_workers=[0, 2], retained_peak_messages=0,
+        retained_peak_bytes=0, joins=[], rerouted_messages=0, peak_rss_mb=70.0)
+    agg = AggregatorStats(
+        partials=3, committed_seq={}, committed_messages={"1": 300}, fenced_workers=[1],
+        duplicate_flushes=0, rejected_flushes=0, out_of_order_flushes=0, claims_held=0,
+        early_flushes=0, peak_rss_mb=120.0)
+    workers = [live[0], dead, live[1]]
+    m = measurements(topo, Capacities(topo), 1000, 1.0, 0.0, [source], workers,
+                     pa.table({"key": ["a"], "count": [1000]}), agg)
+    assert m.messages_processed == 1000
+    procs = ActorProcesses.__new__(ActorProcesses)  # no Ray: nothing sampled here
+    procs.peak_rss = {}
+    assert procs.peaks([source], workers, agg) == {
+        "aggregator": 120.0, "source-0.1": 70.0, "worker-0": 90.0, "worker-2": 92.0}

@@ -188,7 +188,7 @@ def _stop_for(name_prefix: str, worker: str, after_msgs: int, for_s: float,
             raise LookupError(f"{worker} of {name_prefix}* never appeared")
         pid = int(ray.get(actor.pid.remote(), timeout=30))
         while time.time() < deadline:
-            if ray.get(actor.progress.remote(), timeout=30)["processed"] >= after_msgs:
+            if ray.get(actor.progress.remote(), timeout=30).processed >= after_msgs:
                 break
             time.sleep(0.05)
         os.kill(pid, signal.SIGSTOP)

@@ -18,6 +18,7 @@ from test_actors_core import DirectTransport, make_workers, words
 from actors.pipeline import StopRequests
 from actors.stream_input import split_even
 from runtime.dataflow.aggregator import AggregatorCore
+from runtime.dataflow.settings import AggregatorSettings, SourceSettings
 from runtime.dataflow.source import SourceCore, StreamInbox
 from runtime.grouping import make_grouping
 from runtime.reporting.report import write_result
@@ -78,17 +79,17 @@ def test_source_routes_a_stream_and_latency_starts_at_the_handover() -> None:
     ft = FakeTime()
     sink: list = []
     workers = make_workers(2, ft, sink)
-    src = SourceCore(0, make_grouping("kg", 2, seed=0), DirectTransport(workers), n_workers=2,
-                     clock=ft.clock, sleep=ft.sleep, t0=ft.t)
+    src = SourceCore(0, make_grouping("kg", 2, seed=0), DirectTransport(workers),
+                     SourceSettings(n_workers=2), clock=ft.clock, sleep=ft.sleep, t0=ft.t)
     data = words(3000)
     handed = ft.t - 2.0  # handed over 2 s before the source took it
     batches = [(pa.table({"key": data[i:i + 1000]}), handed) for i in range(0, 3000, 1000)]
     stats = src.run(batches)
-    assert stats["routed"] == stats["acked"] == 3000
+    assert stats.routed == stats.acked == 3000
     for w in workers:  # every message waited at least the 2 s since the handover
         assert w.latency.count and w.latency.sum_s / w.latency.count >= 2.0
         w.finish()
-    agg = AggregatorCore({"kind": "wordcount"})
+    agg = AggregatorCore(AggregatorSettings({"kind": "wordcount"}))
     for flush in sink:
         agg.merge(flush)
     assert dict(zip(*agg.result().to_pydict().values(), strict=True)) == dict(
@@ -98,9 +99,9 @@ def test_source_routes_a_stream_and_latency_starts_at_the_handover() -> None:
 def test_idle_source_sends_what_its_outboxes_hold() -> None:
     ft = FakeTime()
     workers = make_workers(1, ft, [])
-    src = SourceCore(0, make_grouping("kg", 1, seed=0), DirectTransport(workers), n_workers=1,
-                     max_inflight=1, call_messages=10, clock=ft.clock, sleep=ft.sleep,
-                     t0=ft.t)
+    src = SourceCore(0, make_grouping("kg", 1, seed=0), DirectTransport(workers),
+                     SourceSettings(n_workers=1, max_inflight=1, call_messages=10), clock=ft.clock,
+                     sleep=ft.sleep, t0=ft.t)
     # two batches, one call each: the second waits in the outbox for the first's ack
     _route(src, 0, _table(10))
     _route(src, 1, _table(10, 10))
@@ -320,11 +321,11 @@ def test_aggregator_snapshot_restores_into_a_new_one() -> None:
     from runtime.operators import builtin_operator
 
     op = builtin_operator("wordcount")
-    a = AggregatorCore({"kind": "wordcount"})
+    a = AggregatorCore(AggregatorSettings({"kind": "wordcount"}))
     state = op.create()
     state = op.add(state, pa.record_batch({"key": ["x", "y", "x"]}))
     a.merge(op.compact(state))
-    b = AggregatorCore({"kind": "wordcount"}, state=a.snapshot())
+    b = AggregatorCore(AggregatorSettings({"kind": "wordcount"}), state=a.snapshot())
     b.merge(op.compact(op.add(op.create(), pa.record_batch({"key": ["x"]}))))
     assert dict(zip(*b.result().to_pydict().values(), strict=True)) == {"x": 3, "y": 1}
 
@@ -372,8 +373,7 @@ def test_a_source_routes_nothing_after_a_cut_until_the_checkpoint_lets_it_go(
     from actors import source as source_mod
 
     monkeypatch.setattr(source_mod, "CUT_WAIT_S", 0.05, raising=False)
-    src = source_mod.SourceActor(0, None, [], "kg", 2, 0, {}, batch=10, max_inflight=2,
-                                 rate_per_source=0.0, key="key")
+    src = source_mod.SourceActor(0, None, [], SourceSettings(n_workers=2, scheme="kg", batch=10))
     assert src.inbox is not None
     src.feed(_table(5), 1.0)
     src.cut()

@@ -12,6 +12,7 @@ import pytest
 from actors import telemetry
 from actors.telemetry import METRICS, RecordingSink, RunTelemetry, SourceTelemetry, WorkerTelemetry
 from runtime.dataflow.reliability import Part
+from runtime.dataflow.settings import WorkerSettings
 from runtime.dataflow.worker import WorkerCore
 from runtime.grouping import make_grouping
 from runtime.operators import WorkerApp, builtin_operator
@@ -29,8 +30,9 @@ def test_metric_names_and_tags_are_valid() -> None:
 
 def test_worker_metrics_from_snapshots(fake_time) -> None:
     ft = fake_time
-    core = WorkerCore(0, WorkerApp(builtin_operator("wordcount")), service_us=100.0,
-                      capacity=0.5, queue_batches=4, queue_capacity_batches=2,
+    core = WorkerCore(0, WorkerApp(builtin_operator("wordcount")),
+                      WorkerSettings(service_us=100.0, capacity=0.5, queue_batches=4,
+                                     queue_capacity_batches=2),
                       clock=ft.clock, sleep=ft.sleep, t0=ft.t)
     sink = RecordingSink()
     tm = WorkerTelemetry(core, "demo-1", "worker-0", sink=sink, wall=lambda: 123.0)

@@ -69,10 +69,10 @@ def test_duty_cycle_throttle_matches_capacities(ray_spark) -> None:
                 inflight[workers[i].process.remote(0, [Part.of(keys, time.time())])] = i
             el = time.time() - t0
             if "start" not in marks and el >= WARMUP_S:
-                marks["start"] = [p["processed"] for p in
+                marks["start"] = [p.processed for p in
                                   ray.get([w.progress.remote() for w in workers])]
                 t_start = time.time()
-        marks["end"] = [p["processed"] for p in ray.get([w.progress.remote() for w in workers])]
+        marks["end"] = [p.processed for p in ray.get([w.progress.remote() for w in workers])]
         t_end = time.time()
     finally:
         th.stop()

@@ -39,9 +39,9 @@ def test_queue_length_is_integrated_per_slot(fake_time) -> None:
     ft.sleep(1.0)
     m.change(-1, -100)
     s = m.series(3.0)
-    assert s["slot"] == [0, 1, 2, 3]
-    assert s["queue_batches"] == pytest.approx([1.0, 1.5, 0.5, 0.0])
-    assert s["queue_msgs"] == pytest.approx([100.0, 150.0, 50.0, 0.0])
+    assert s.slot == [0, 1, 2, 3]
+    assert s.queue_batches == pytest.approx([1.0, 1.5, 0.5, 0.0])
+    assert s.queue_msgs == pytest.approx([100.0, 150.0, 50.0, 0.0])
     assert m.integrals(ft.t) == pytest.approx((3.0, 0.0))
 
 
@@ -52,9 +52,9 @@ def test_served_batches_count_in_the_slot_they_end_in(fake_time) -> None:
     m.served(10, t + 0.5, t + 1.25, np.full(10, 0.01))  # busy across a slot boundary
     m.served(5, t + 1.5, t + 1.75, np.full(5, 0.02))
     s = m.series(1.9)
-    assert s["processed"] == [0, 15]
-    assert s["busy"] == pytest.approx([0.5, 0.5])
-    assert list(s["latency"]) == [1]
+    assert s.processed == [0, 15]
+    assert s.busy == pytest.approx([0.5, 0.5])
+    assert list(s.latency) == [1]
     assert m.integrals(t)[1] == pytest.approx(1.0)
 
 

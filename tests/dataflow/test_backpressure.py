@@ -7,6 +7,7 @@ import pytest
 
 from runtime.dataflow.backpressure import CALL_S, DrainRates
 from runtime.dataflow.messages import Ack
+from runtime.dataflow.settings import SourceSettings
 from runtime.dataflow.source import SourceCore
 from runtime.grouping import make_grouping
 
@@ -100,8 +101,8 @@ def test_a_slow_workers_calls_hold_call_s_of_its_work():
             return out
 
     tr = Transport()
-    src = SourceCore(0, make_grouping("sg", 2, seed=0), tr, n_workers=2, max_inflight=2,
-                     outbox=40, clock=lambda: now[0])
+    src = SourceCore(0, make_grouping("sg", 2, seed=0), tr,
+                     SourceSettings(n_workers=2, max_inflight=2, outbox=40), clock=lambda: now[0])
     for _ in range(200):
         src.send_batch(pa.table({"key": [f"k{i}" for i in range(100)]}))
     src.drain()

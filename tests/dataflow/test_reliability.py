@@ -25,6 +25,7 @@ from runtime.dataflow.reliability import (
     WorkerLost,
     resume_plan,
 )
+from runtime.dataflow.settings import AggregatorSettings, SourceSettings, WorkerSettings
 from runtime.dataflow.source import SourceCore
 from runtime.dataflow.worker import WorkerCore
 from runtime.grouping import make_grouping
@@ -101,7 +102,7 @@ def test_claim_log_flushes_fences_dedups_and_prunes() -> None:
 
 
 def test_ledger_commits_in_order_ignores_duplicates_and_fences() -> None:
-    agg = AggregatorCore({"kind": "wordcount"})
+    agg = AggregatorCore(AggregatorSettings({"kind": "wordcount"}))
     t = WorkerApp(builtin_operator("wordcount"))
 
     def flush(worker: int, seq: int, keys: list[str]) -> Flush:
@@ -121,7 +122,7 @@ def test_ledger_commits_in_order_ignores_duplicates_and_fences() -> None:
     got = dict(zip(*agg.result().to_pydict().values(), strict=True))
     assert got == {"a": 1, "b": 1, "c": 1, "x": 1}
     st = agg.stats()
-    assert st["committed_messages"] == {"0": 3, "1": 1} and st["fenced_workers"] == [1]
+    assert st.committed_messages == {"0": 3, "1": 1} and st.fenced_workers == [1]
     assert [b for b, _ in agg.committed_claims(0)["claims"]] == [1, 2, 3, 1]  # commit order
 
 
@@ -170,17 +171,19 @@ class Cluster:
         ``coordinator``: a coordinated scheme's controller, in the aggregator."""
         self.ft = ft
         op = builtin_operator("wordcount")
-        self.agg = AggregatorCore({"kind": "wordcount"}, coordinator=coordinator, clock=ft.clock)
+        self.agg = AggregatorCore(AggregatorSettings({"kind": "wordcount"}),
+                                  coordinator=coordinator, clock=ft.clock)
         if coordinator is not None:
             coordinator.start(ft.t)
         self.dead: set[int] = set()
         caps = capacities or [1.0] * n
-        self.workers = [WorkerCore(i, WorkerApp(op), service_us=service_us, clock=ft.clock,
-                                   sleep=ft.sleep, t0=ft.t, sink=self._sink(i),
-                                   aggregate_every_s=aggregate_every_s, queue_batches=64,
-                                   capacity=caps[i], throttle="service",
-                                   report_every_s=1.0 if coordinator is not None else None)
-                        for i in range(n)]
+        self.workers = [
+            WorkerCore(i, WorkerApp(op), WorkerSettings(
+                service_us=service_us, aggregate_every_s=aggregate_every_s, queue_batches=64,
+                capacity=caps[i], throttle="service",
+                report_every_s=1.0 if coordinator is not None else None),
+                clock=ft.clock, sleep=ft.sleep, t0=ft.t, sink=self._sink(i))
+            for i in range(n)]
         self._tables: dict[int, object] = {}
 
     def _sink(self, i: int):
@@ -262,11 +265,12 @@ def _batches(data: list[str], size: int = 500) -> list[pa.Table]:
 
 def _source(cluster: Cluster, index: int, scheme: str, ft: FakeTime, params=None,
             **kw) -> SourceCore:
+    """``kw``: ``SourceSettings`` fields."""
     n = len(cluster.workers)
     return SourceCore(index, make_grouping(scheme, n, seed=index, clock=ft.clock,
                                            **(params or {})),
-                      Transport(cluster, index), n_workers=n, max_inflight=2, clock=ft.clock,
-                      sleep=ft.sleep, t0=ft.t, control=cluster, **kw)
+                      Transport(cluster, index), SourceSettings(n_workers=n, max_inflight=2, **kw),
+                      clock=ft.clock, sleep=ft.sleep, t0=ft.t, control=cluster)
 
 
 def test_acg_tables_reach_every_source_and_the_result_stays_exact() -> None:
@@ -305,19 +309,19 @@ def test_acg_tables_reach_every_source_and_the_result_stays_exact() -> None:
     sources = [_source(c, i, "acg", ft, params, call_messages=1) for i in range(2)]
     st0 = sources[0].run(_batches(data[0], 250))
     st1 = sources[1].run(killing(_batches(data[1], 250)))
-    assert st0["acked"] == st1["acked"] == 60_000
+    assert st0.acked == st1.acked == 60_000
     assert c.finish() == dict(collections.Counter(data[0] + data[1]))
     scripted = np.array([0, 1, 2, 3] * 8, dtype=np.int32)
     scripted[np.flatnonzero(scripted == 3)[1:]] = 0
     final = np.bincount(reassign_departed(scripted, {0, 2, 3}), minlength=4).tolist()
     assert ctl.summary()["vw_per_worker"] == final  # the scripted move, then the death
     # source 0 finished before the death, source 1 after it (its own rule, same result)
-    assert st0["grouping"]["vw_per_worker"] == np.bincount(scripted, minlength=4).tolist()
-    assert st1["grouping"]["vw_per_worker"] == final
+    assert st0.grouping["vw_per_worker"] == np.bincount(scripted, minlength=4).tolist()
+    assert st1.grouping["vw_per_worker"] == final
     for st in (st0, st1):
-        assert [v for _, v in st["grouping"]["tables_adopted"]][0] == 1
-    assert st0["rerouted_messages"] > 0  # queued for worker 3 when the table came
-    assert sum(st0["sent_per_worker"]) == 60_000
+        assert [v for _, v in st.grouping["tables_adopted"]][0] == 1
+    assert st0.rerouted_messages > 0  # queued for worker 3 when the table came
+    assert sum(st0.sent_per_worker) == 60_000
 
 
 def test_a_source_blocked_by_backpressure_learns_commits_from_the_aggregator() -> None:
@@ -328,8 +332,9 @@ def test_a_source_blocked_by_backpressure_learns_commits_from_the_aggregator() -
 
     ft = FakeTime()
     c = Cluster(2, ft, aggregate_every_s=1e6)  # flushes only when forced
-    src = SourceCore(0, make_grouping("sg", 2, seed=0), Transport(c, 0), n_workers=2,
-                     control=c, clock=ft.clock, sleep=ft.sleep, t0=ft.t)
+    src = SourceCore(0, make_grouping("sg", 2, seed=0), Transport(c, 0),
+                     SourceSettings(n_workers=2), control=c, clock=ft.clock, sleep=ft.sleep,
+                     t0=ft.t)
     for b in range(3):
         src.send_batch(pa.table({"key": [f"k{i}" for i in range(100)]}), batch=b)
     while src.outboxes.busy():  # every call acknowledged, none committed
@@ -374,7 +379,7 @@ def test_a_resume_plan_fences_a_dead_worker_before_it_reads_the_commits() -> Non
     8463)."""
     from runtime.dataflow.recovery import plan_resume
 
-    agg = AggregatorCore({"kind": "wordcount"})
+    agg = AggregatorCore(AggregatorSettings({"kind": "wordcount"}))
     late = Flush(1, 1, None, {0: [(0, np.arange(5, dtype=np.int32))]}, {}, 5)
     calls: list[str] = []
 

@@ -13,6 +13,7 @@ import pyarrow as pa
 import pytest
 
 from runtime.dataflow.latency import LatencyHistogram
+from runtime.dataflow.messages import AggregatorStats, SourceStats, WorkerSeries, WorkerStats
 from runtime.reporting import report as report_mod
 from runtime.reporting.cores import Capacities, measurements
 from runtime.sim import simulate, summary
@@ -41,22 +42,28 @@ def ray_report(topo: Topology) -> dict[str, Any]:
     """What the actors would report for a 1.8 s run of 3,000 messages."""
     lat = LatencyHistogram()
     lat.add(np.full(1000, 0.002))
-    workers = [{
-        "id": i, "processed": 1000, "batches": 2, "keys": 40 + i, "stopped_s": 0.1 * i,
-        "latency": lat.to_sparse(), "signals_emitted": {"increase": i, "decrease": 1},
-        "queue_capacity_batches": 4,
-        "series": {"slot": [0, 1, 2], "processed": [400, 400, 200],
-                   "queue_msgs": [500.0, 250.0, 0.0], "queue_batches": [2.0, 1.0, 0.0],
-                   "busy": [1.0, 0.8, 0.2], "latency": {0: lat.to_sparse()}},
-    } for i in range(N_WORKERS)]
-    sources = [{
-        "source": s, "routed": 1500, "acked": 1500, "batches": 3, "calls": 6,
-        "sent_per_worker": [500, 500, 500], "route_s": 0.01, "wait_s": 1.5,
-        "grouping": GROUPING_STATS, "end_ts": 101.8,
-        "vw_history": [(0.0, [4, 4, 4]), (1.2, [5, 4, 3])],
-    } for s in range(2)]
+    workers = [WorkerStats(
+        id=i, processed=1000, batches=2, keys=40 + i, flushes=2, stopped_s=0.1 * i,
+        latency=lat.to_sparse(), signals_emitted={"increase": i, "decrease": 1},
+        queue_capacity_batches=4,
+        series=WorkerSeries(slot=[0, 1, 2], processed=[400, 400, 200],
+                            queue_msgs=[500.0, 250.0, 0.0], queue_batches=[2.0, 1.0, 0.0],
+                            busy=[1.0, 0.8, 0.2], latency={0: lat.to_sparse()}),
+    ) for i in range(N_WORKERS)]
+    sources = [SourceStats(
+        source=s, routed=1500, acked=1500, batches=3, calls=6,
+        sent_per_worker=[500, 500, 500], grouping=GROUPING_STATS, migrations=0,
+        signals={"increase": 0, "decrease": 0}, route_s=0.01, wait_s=1.5, elapsed_s=1.8,
+        end_ts=101.8, committed_ts=101.9, vw_history=[(0.0, [4, 4, 4]), (1.2, [5, 4, 3])],
+        epoch=0, failures=[], resume=None, live_workers=[0, 1, 2], retained_peak_messages=0,
+        retained_peak_bytes=0, joins=[], rerouted_messages=0,
+    ) for s in range(2)]
+    aggregator = AggregatorStats(
+        partials=6, committed_seq={}, committed_messages={}, fenced_workers=[],
+        duplicate_flushes=0, rejected_flushes=0, out_of_order_flushes=0, claims_held=0,
+        early_flushes=0, peak_rss_mb=None)
     m = measurements(topo, Capacities(topo), 3000, 1.8, 2.5, sources, workers,
-                     pa.table({"key": ["k"] * 100, "count": [30] * 100}), {})
+                     pa.table({"key": ["k"] * 100, "count": [30] * 100}), aggregator)
     return dict(report_mod.build_report(topo, m))
 
 
