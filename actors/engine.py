@@ -36,6 +36,7 @@ from actors import cluster, spark_input, telemetry
 from actors.pipeline import run_with_restarts
 from runtime.cli import fail
 from runtime.reporting import phases
+from runtime.sim import warm as warm_mod
 from runtime.topology import Topology
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -161,6 +162,9 @@ def engine_session(app_name: str, address: str | None = None, *,
     # while Ray starts: RayDP itself needs Ray up, its modules do not
     preload = threading.Thread(target=spark_input.preload, name="spark-preload", daemon=True)
     preload.start()
+    # the first run of this version of the sources compiles the kernels here,
+    # beside Ray's and Spark's start-up, not in every actor once the run's clock runs
+    warming = warm_mod.start_if_cold()
     try:
         t_ray = time.time()
         try:
@@ -182,8 +186,12 @@ def engine_session(app_name: str, address: str | None = None, *,
                                           executor_cores=sizing.cores,
                                           extra_configs=dict(sizing.conf), log_file=log_file)
         phases.startup_step("spark", t_spark)
+        if warming is not None:
+            warming.wait()
         yield session
     finally:
+        if warming is not None and warming.poll() is None:
+            warming.kill()
         try:
             spark_input.stop_spark()
         finally:

@@ -449,3 +449,13 @@ def test_every_scheme_splits_and_merges_every_app_exactly(scheme: str, app: str)
         want, got = want.sort_by(order), got.sort_by(order)
     assert want.num_rows > 400
     assert table_diff(got, want) is None
+
+
+def test_warm_marks_this_version_of_the_kernels_compiled() -> None:
+    """``runtime.sim.warm`` (make setup; runtime.run when cold) leaves a marker in
+    this version's cache directory; then nothing is started in the background."""
+    from runtime.sim import warm
+
+    warm.warm()
+    assert warm.is_warm()
+    assert warm.start_if_cold() is None

@@ -1,0 +1,87 @@
+"""Compile the runtime's kernels into numba's on-disk cache before a run needs them.
+
+numba compiles a kernel on its first call and caches it on disk, in one
+directory per version of the sources (``runtime/__init__.py``). Cold - the
+first run after an install or an update - every source and worker of a real
+run compiled the same kernels at once, after the run's clock had started:
+1.5-2.5 s with nothing processed, and that run's latency counted it
+(docs/benchmarks.md, "A cold first run"). ``warm()`` runs a tiny simulation
+over the runtime's own cores (``runtime.sim.cores``) for every scheme, in one
+process, which calls every routing, hashing and worker kernel a run calls;
+then a marker file in the cache directory says this version is warm.
+
+    python -m runtime.sim.warm        # make setup runs it
+
+``runtime.run`` starts it beside Ray's and Spark's start-up when the cache is
+cold (``start_if_cold``), and waits for it before the actors start.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+MARKER = "warm"
+
+
+def _marker() -> Path:
+    import runtime  # noqa: F401 - sets NUMBA_CACHE_DIR for this version
+
+    return Path(os.environ["NUMBA_CACHE_DIR"]) / MARKER
+
+
+def is_warm() -> bool:
+    return _marker().exists()
+
+
+def warm() -> float:
+    """Every scheme's kernels compiled (or loaded) in this process and cached
+    on disk; returns the seconds it took."""
+    from runtime.grouping import SCHEMES
+    from runtime.sim.api import simulate
+    from runtime.topology import load_topology
+
+    t0 = time.perf_counter()
+    for scheme in sorted(SCHEMES):
+        simulate(load_topology({
+            "input": {"format": "zipf", "messages": 5_000, "keys": 200},
+            "sources": 2, "workers": {"count": 3, "capacity": [1, 1, 0.5], "service_us": 50},
+            "grouping": {"scheme": scheme}, "app": {"kind": "wordcount"},
+            "run": {"batch": 500}}), model="cores")
+    marker = _marker()
+    marker.parent.mkdir(parents=True, exist_ok=True)
+    marker.touch()
+    return time.perf_counter() - t0
+
+
+def start_if_cold() -> subprocess.Popen[bytes] | None:
+    """``python -m runtime.sim.warm`` in the background when this version's
+    cache is cold (its output discarded), else None."""
+    if is_warm():
+        return None
+    return subprocess.Popen([sys.executable, "-m", "runtime.sim.warm", "--quiet"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            start_new_session=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--quiet", action="store_true")
+    p.add_argument("--force", action="store_true", help="run even when the cache is warm")
+    args = p.parse_args(argv)
+    if is_warm() and not args.force:
+        if not args.quiet:
+            print(f"kernels: already compiled ({_marker().parent})")
+        return 0
+    took = warm()
+    if not args.quiet:
+        print(f"kernels: compiled for every scheme in {took:.1f} s ({_marker().parent})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
