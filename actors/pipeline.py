@@ -470,10 +470,13 @@ class _PipelineRun:
             say(f"[{topo.name}] live stream over {topo.input.path}; actors in Ray namespace "
                 f"{self.namespace}")
         else:  # the sources start on the first block while Spark produces the rest
-            self.loader = feed_load(self.spark, topo, df,
+            self.loader = feed_load(self.spark, topo, df,  # Spark plans the input
                                     count_distinct=_counts_input_keys(topo))
+            self.clock.input_part("plan", time.time() - t_load)
             self.actors.append(self.loader.feed)
+            t_first = time.time()
             self.loader.start()
+            self.clock.input_part("first_block", time.time() - t_first)
             self.shards, self.total = self.loader.shards, self.loader.messages
             say(f"[{topo.name}] input: the first block in {time.time() - t_load:.1f} s, "
                 f"the sources start on it while Spark reads on; actors in Ray namespace "
@@ -485,11 +488,13 @@ class _PipelineRun:
         """Wait for the workers; the sources and the ``Supervisor`` over them."""
         topo, n, namespace = self.topo, self.n, self.namespace
         actors, agg, workers, inactive = self.actors, self.agg, self.workers, self.inactive
+        t_workers = time.time()
         # bounded: a placement the cluster cannot serve now fails instead of hanging
         self.pids = cluster_mod.wait_for_actors([w.pid.remote() for w in workers],
                                                 [f"worker-{i}" for i in range(n)],
                                                 topo.placement)
         self.nodes = ray.get([w.node_id.remote() for w in workers])
+        self.clock.input_part("workers", time.time() - t_workers)  # (started before the load)
 
         Source = source_mod.actor_class()
         shards = self.shards
@@ -508,7 +513,9 @@ class _PipelineRun:
             return src
 
         sources = [make_source(s) for s in range(topo.sources)]
+        t_sources = time.time()
         ray.get([s.prepare.remote() for s in sources])  # grouping compiled, first batch read
+        self.clock.input_part("sources", time.time() - t_sources)
         self.sources = sources
         self.faults = faults_mod.Supervisor(topo, workers, sources, agg, make_source, self.say)
         self.cluster_info = cluster_mod.cluster_summary(

@@ -343,6 +343,9 @@ def test_run_process_is_quiet_and_reports_its_phases(tmp_path) -> None:
     parts = ph["finish_parts"]  # the plot is drawn while Spark and Ray shut down
     assert {"outputs", "plot", "shutdown"} <= set(parts), ph
     assert parts["outputs"] + max(parts["plot"], parts["shutdown"]) <= ph["finish"] + 1e-2, ph
+    steps = ph["input_parts"]  # where the input phase went, step by step
+    assert set(steps) == {"plan", "first_block", "workers", "sources"}, ph
+    assert sum(steps.values()) <= ph["input"] + 1e-2, ph
     # the summary shows them: the one printed before the plot, then the last line
     assert "first message at" in p.stdout and "phase: stream" in p.stdout
     assert p.stdout.splitlines()[-1].startswith("finish "), p.stdout[-500:]

@@ -136,6 +136,7 @@ class RunClock:
         self.t0: float | None = None
         self.last_ts: float | None = None
         self.parts: dict[str, float] = {}
+        self.input_parts: dict[str, float] = {}
 
     @classmethod
     def take(cls) -> RunClock:
@@ -151,6 +152,11 @@ class RunClock:
 
     def part(self, name: str, seconds: float) -> None:
         self.parts[name] = self.parts.get(name, 0.0) + seconds
+
+    def input_part(self, name: str, seconds: float) -> None:
+        """A step of the input phase (``input_parts``): e.g. ``plan``,
+        ``first_block``, ``sources`` of a real run."""
+        self.input_parts[name] = self.input_parts.get(name, 0.0) + seconds
 
     def since_end(self, now: float | None = None) -> float:
         """Seconds since the last message was processed."""
@@ -179,6 +185,8 @@ class RunClock:
         }
         if self.startup_parts:
             out["startup_parts"] = {k: s(v) for k, v in self.startup_parts.items()}
+        if self.input_parts:
+            out["input_parts"] = {k: s(v) for k, v in self.input_parts.items()}
         return out
 
 
@@ -202,7 +210,7 @@ def summary_rows(ph: Mapping[str, Any]) -> list[tuple[str, str]]:
     so_far = "" if ph.get("final", True) else " so far"
     return [
         ("phase: start-up", f"{ph['startup']:.1f} s{detail(ph.get('startup_parts'))}"),
-        ("phase: input", f"{ph['input']:.1f} s"),
+        ("phase: input", f"{ph['input']:.1f} s{detail(ph.get('input_parts'))}"),
         ("first message at", f"{ph['first_message']:.1f} s"),
         ("phase: stream", f"{ph['stream']:.2f} s"),
         ("phase: finish" + so_far, f"{ph['finish']:.1f} s{detail(ph.get('finish_parts'))}"),

@@ -173,6 +173,7 @@ class Phases(TypedDict):
     total: NotRequired[float]
     finish_parts: NotRequired[dict[str, float]]  # outputs, plot, shutdown
     startup_parts: NotRequired[dict[str, float]]  # python, ray, spark (the first run)
+    input_parts: NotRequired[dict[str, float]]  # real engine: plan, first_block, sources
     final: NotRequired[bool]  # False: written before the plot and the shut-down
 
 

@@ -44,6 +44,20 @@ def test_a_block_splits_the_wall_time_into_contiguous_phases() -> None:
     final = clock.block(final=True, now=117.5)
     assert final["finish"] == 2.0 and final["total"] == 17.5 and final["final"] is True
     assert final["finish_parts"] == {"outputs": 0.25, "shutdown": 1.0}
+    assert "input_parts" not in final  # the simulator has none
+
+
+def test_the_input_phase_has_its_steps_in_the_block_and_the_summary() -> None:
+    clock = phases.RunClock(origin=100.0, startup=5.0)
+    clock.input_part("plan", 4.0)
+    clock.input_part("first_block", 2.5)
+    clock.input_part("sources", 1.0)
+    clock.start(112.5)
+    ph = clock.block(now=113.0)
+    assert ph["input_parts"] == {"plan": 4.0, "first_block": 2.5, "sources": 1.0}
+    assert sum(ph["input_parts"].values()) <= ph["input"]
+    rows = dict(phases.summary_rows(ph))
+    assert rows["phase: input"] == "7.5 s (plan 4.0, first_block 2.5, sources 1.0)"
 
 
 def test_only_the_first_run_of_a_session_pays_the_start_up() -> None:
