@@ -38,14 +38,16 @@ def test_duty_cycle_throttle_matches_capacities(ray_spark) -> None:
 
     from actors.throttle import DutyCycleThrottler
     from actors.worker import actor_class
+    from runtime.dataflow.settings import WorkerSettings
 
     Worker = actor_class()
     agg = _SinkActor.remote()
     workers = [
         Worker.options(num_cpus=0, max_concurrency=INFLIGHT + 8).remote(
-            i, {"kind": "wordcount"}, ".", agg, service_us=SERVICE_US, capacity=c,
-            throttle="duty-cycle", queue_batches=8, queue_capacity_batches=INFLIGHT,
-            aggregate_every_s=5.0)
+            i, {"kind": "wordcount"}, ".", agg,
+            WorkerSettings(service_us=SERVICE_US, capacity=c, throttle="duty-cycle",
+                           queue_batches=8, queue_capacity_batches=INFLIGHT,
+                           aggregate_every_s=5.0))
         for i, c in enumerate(CAPS)
     ]
     pids = ray.get([w.pid.remote() for w in workers])
