@@ -2,8 +2,8 @@
 
 ``runtime`` is engine independent: the topology schema, hashing, grouping
 schemes (``grouping``), operators, the actor cores' pure machinery
-(``dataflow``), inputs, reporting, compiled kernels and the discrete-event
-simulator (``sim``). Only ``actors/`` imports Ray; the entry points (``run``,
+(``dataflow``), inputs, reporting, compiled kernels and the simulator
+(``sim``: the same cores on a virtual clock). Only ``actors/`` imports Ray; the entry points (``run``,
 ``compare``, ``top``, ``api``) reach it through ``actors.engine`` from inside
 one function (``tests/test_layering.py`` checks both).
 

@@ -4,7 +4,8 @@ An ``Engine`` runs a topology, writes its outputs to a directory (docs/design.md
 ``report.json``, ``timeseries.csv``, ``result.parquet``, ``report.png``) and
 returns the report, as written to ``report.json``:
 
-- ``runtime.sim.SimEngine``: the discrete-event simulator (``"engine": "sim"``);
+- ``runtime.sim.SimEngine``: the simulator, the runtime's own cores on a
+  virtual clock (``"engine": "sim"``);
 - ``actors.engine.RayEngine``: Ray actors fed by Spark (RayDP), a context
   manager that owns the Ray + Spark session (``"engine": "ray"``).
 

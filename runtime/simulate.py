@@ -1,10 +1,10 @@
-"""``python -m runtime.simulate TOPOLOGY.yaml [--out DIR] [--set key.path=value ...] [--model queueing|cores]``
+"""``python -m runtime.simulate TOPOLOGY.yaml [--out DIR] [--set key.path=value ...]``
 
-The discrete-event simulator: the same topology and report schema as
-``runtime.run`` (``"engine": "sim"``), in simulated time. The queueing model
-is in ``runtime.sim.engine``; ``--model cores`` runs the runtime's own cores
-on a virtual clock instead (``runtime.sim.cores``); the Python API is ``runtime.sim.simulate``, and
-``runtime.sim.SimEngine`` runs it here (simulate, write the outputs).
+The simulator: the same topology and report schema as ``runtime.run``
+(``"engine": "sim"``), in simulated time. It runs the runtime's own source,
+worker and aggregator cores on a virtual clock (``runtime.sim.cores``); the
+Python API is ``runtime.sim.simulate``, and ``runtime.sim.SimEngine`` runs it
+here (simulate, write the outputs).
 Input files are read with pyarrow here (the real runtime reads them through
 Spark); generated streams are identical in both engines.
 """
@@ -14,37 +14,27 @@ from __future__ import annotations
 import time
 
 from runtime.cli import base_parser, load_or_exit, run_main
-from runtime.inputs.input_check import SHARD_BLOCK_ROWS
 from runtime.reporting import phases
 from runtime.reporting.report import default_out_dir, summary_table
 from runtime.sim import SimEngine, SimResult, simulate
-from runtime.sim.api import MODELS
-from runtime.sim.engine import DEFAULT_ACK_DELAY_MS
 
 __all__ = ["SimResult", "main", "simulate"]
 
 
 def main(argv: list[str] | None = None) -> int:
     p = base_parser("python -m runtime.simulate",
-                    "Simulate a topology (discrete-event queueing model, same report schema).")
-    p.add_argument("--ack-delay-ms", type=float, default=DEFAULT_ACK_DELAY_MS,
-                   help=f"delay from a sub-batch's last finish to its ack (default "
-                        f"{DEFAULT_ACK_DELAY_MS} ms)")
-    p.add_argument("--shard-block-rows", type=int, default=SHARD_BLOCK_ROWS,
-                   help="stream blocks dealt round-robin to the sources (default "
-                        f"{SHARD_BLOCK_ROWS:,}, as the real runtime)")
-    p.add_argument("--model", choices=MODELS, default="queueing",
-                   help="queueing: the discrete-event queueing model (default); cores: the "
-                        "runtime's own source, worker and aggregator cores on a virtual "
-                        "clock (docs/benchmarks.md, 'The simulator over the cores')")
+                    "Simulate a topology: the runtime's own cores on a virtual clock "
+                    "(same report schema).")
+    p.add_argument("--shard-block-rows", type=int, default=None,
+                   help="stream blocks dealt round-robin to the sources (default: as the "
+                        "real runtime)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--no-plot", action="store_true", help="skip report.png")
     args = p.parse_args(argv)
     phases.begin()  # the command's start: this process's creation
     phases.engine_ready()  # the simulator is up once imported
     topo = load_or_exit(args.topology, args.overrides)
-    engine = SimEngine(ack_delay_ms=args.ack_delay_ms, shard_block_rows=args.shard_block_rows,
-                       plot=not args.no_plot, model=args.model)
+    engine = SimEngine(shard_block_rows=args.shard_block_rows, plot=not args.no_plot)
     out = args.out or default_out_dir(topo.name)
     t0 = time.perf_counter()
     report = engine.run(topo, out, progress=not args.no_progress)

@@ -640,7 +640,7 @@ def experiment3(args: argparse.Namespace) -> str:
     bar.close()
     out = [f"### 3. CG Fig 8 / Fig 12: heterogeneous cluster in the simulator\n\n"
            f"{run_header(args, '3')}\n",
-           f"Setup: `runtime.sim` (discrete-event), word stream ({messages:,} messages of "
+           f"Setup: `runtime.sim` (the runtime's cores on a virtual clock), word stream ({messages:,} messages of "
            f"`{args.words.name}`), 2 sources, n = 10 workers with capacities "
            f"{[int(c) for c in HETERO_CAPS]} (`throttle: service`, `service_us` = "
            f"{service_us:g}, so full speed = {sum(HETERO_CAPS) * 1e6 / service_us:,.0f} msgs/s), "

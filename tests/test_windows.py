@@ -224,14 +224,14 @@ def pickle_copy(state: object) -> object:
     return pickle.loads(pickle.dumps(state))
 
 
-def _sim_cases() -> list[tuple[str, str]]:
+def _schemes() -> list[str]:
     from runtime.grouping import SCHEMES
 
-    return [("queueing", s) for s in sorted(SCHEMES)] + [("cores", "acg"), ("cores", "kg")]
+    return sorted(SCHEMES)
 
 
-@pytest.mark.parametrize("model,scheme", _sim_cases())
-def test_the_simulator_runs_windows_with_the_same_operator(model: str, scheme: str) -> None:
+@pytest.mark.parametrize("scheme", _schemes())
+def test_the_simulator_runs_windows_with_the_same_operator(scheme: str) -> None:
     """Every scheme, exact per window (heterogeneous workers: keys split)."""
     from runtime.inputs.generators import generate
     from runtime.sim.api import simulate
@@ -243,7 +243,7 @@ def test_the_simulator_runs_windows_with_the_same_operator(model: str, scheme: s
         "app": {"kind": "wordcount", "window": {"column": "ts", "size": 3000, "slide": 1000}},
         "run": {"batch": 500},
     })
-    res = simulate(topo, model=model)
+    res = simulate(topo)
     cols = generate(0, 12_000, topo.input.model_dump())
     want = collections.Counter()
     for k, t in zip(cols["key"].tolist(), cols["ts"].tolist(), strict=True):

@@ -134,8 +134,8 @@ class AggregatorStats:
     worker ids as strings, as in JSON): its newest committed flush and the
     messages its committed flushes hold. ``coordinator``: a coordinated
     scheme's controller summary; ``windows``: a windowed app's
-    (``AggregatorApp.window_stats``); ``simulated_in_s``: the simulator's
-    wall time. Those three are left out of the report when None."""
+    (``AggregatorApp.window_stats``). Those two are left out of the report
+    when None."""
 
     partials: int
     committed_seq: dict[str, int]
@@ -149,11 +149,10 @@ class AggregatorStats:
     peak_rss_mb: float | None
     coordinator: dict[str, Any] | None = None
     windows: dict[str, Any] | None = None
-    simulated_in_s: float | None = None
 
     def as_report(self) -> dict[str, Any]:
         """The report's ``aggregator`` section (its keys are a contract)."""
-        optional = ("coordinator", "windows", "simulated_in_s")
+        optional = ("coordinator", "windows")
         out = {}
         for f in fields(self):
             v = getattr(self, f.name)

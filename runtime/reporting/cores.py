@@ -103,6 +103,8 @@ def measurements(
         engine=engine,
         messages_input=int(total),
         messages_processed=int(sum(w.processed for w in worker_stats)),
+        in_flight_at_end=(int(total) - int(sum(w.processed for w in worker_stats))
+                          if engine == "sim" else None),
         duration_s=duration_s,
         latency_ms=report_mod.latency_ms(latency.summary_ms()),
         series=slots,

@@ -3,10 +3,11 @@
 The report's shape is ``RunReport`` (``report.json``); ``build_report(topo,
 measured)`` is the one function that builds it, for either engine, from
 ``RunMeasurements``: what an engine measured, in an engine-neutral shape
-(the Ray engine gathers it in ``actors.pipeline``, the simulator in
-``runtime.sim.summary``). Each engine then adds its own sections (Ray:
-``aggregator``, ``throttle``, ``cluster``, ``stream``, failures and memory;
-the simulator: ``input``, ``sim``). ``validate_report`` checks a report
+(``runtime.reporting.cores.measurements`` gathers it from the cores'
+statistics, for ``actors.pipeline`` on Ray and for the simulator). Each
+engine then adds its own sections (both: ``aggregator``; Ray: ``throttle``,
+``cluster``, ``stream``, failures and memory; the simulator: ``input``,
+``sim``). ``validate_report`` checks a report
 against ``RunReport`` and the contract's required keys.
 
 ``timeseries(series)`` is ``timeseries.csv``, one row per ``run.slot_s`` slot,
@@ -156,7 +157,7 @@ class Settings(TypedDict):
     slot_s: float
     queue_batches: int
     queue_capacity_batches: int  # U_w's denominator: min(queue_batches, sources * max_inflight)
-    ack_delay_ms: float | None  # the simulator's modelled ack delay; None: Ray (real acks)
+    ack_delay_ms: float | None  # always None (no engine models an ack delay; kept in the schema)
     grouping: dict[str, Any]
 
 
@@ -201,7 +202,7 @@ class RunReport(TypedDict):
     migrations: int
     signals: Signals  # the sources' groupings received
     signals_emitted: Signals  # the workers sent
-    in_flight_at_end: int | None  # None: Ray (a run ends when everything is acked)
+    in_flight_at_end: int | None  # the simulator: messages unprocessed at its end; None: Ray
     workers: list[WorkerReport]
     sources: list[SourceReport]
     capacity_changes: list[CapacityChange]

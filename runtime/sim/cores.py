@@ -1,12 +1,10 @@
-"""The simulator over the runtime's own cores: ``SourceCore``, ``WorkerCore``
+"""The simulator: the runtime's own cores, ``SourceCore``, ``WorkerCore``
 and ``AggregatorCore`` (``runtime.dataflow``) - the very code the Ray actors
 run, with their outboxes, call coalescing, linger, steps, replay logs and
 commits - on a virtual clock instead of wall time, with in-process calls
 instead of Ray's.
 
-``python -m runtime.simulate TOPOLOGY --engine cores`` (the default stays the
-queueing model of ``runtime.sim.engine`` until the two have been compared
-side by side on the real engine's topologies).
+``python -m runtime.simulate TOPOLOGY`` (``runtime.sim.api.simulate`` in Python).
 
 How time passes (``VirtualTime``): every source and every worker is a thread,
 but exactly one runs at a time, and only blocking moves the clock. A thread
@@ -21,7 +19,7 @@ function of its topology and seed: the same report numbers, every time.
 
 What it models as the real engine does: everything inside the cores.
 Throttling is modelled as service time scaled by the capacity of the moment
-(every ``workers.throttle`` mechanism, as the queueing model does); a call
+(every ``workers.throttle`` mechanism alike); a call
 from a source reaches its worker at once and an ack its source at once (the
 CPU a call costs the source is modelled, Ray's network is not).
 """
@@ -33,7 +31,6 @@ import functools
 import itertools
 import math
 import threading
-import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -248,10 +245,13 @@ def core_settings(topo: Topology, coordinator: Any) -> CoreSettings:
         for w in settings.workers))
 
 
-def simulate_cores(topo: Topology, inp: SimInput) -> tuple[report_mod.RunMeasurements, pa.Table,
-                                                           AggregatorStats]:
+def simulate_cores(topo: Topology, inp: SimInput, *, block_rows: int | None = None,
+                   progress: Callable[[int], None] | None = None,
+                   ) -> tuple[report_mod.RunMeasurements, pa.Table, AggregatorStats]:
     """Run ``topo`` over ``inp`` on the cores; the measurements, the result
-    table and the aggregator's statistics."""
+    table and the aggregator's statistics. ``block_rows``: the stream's blocks
+    dealt to the sources (default: the real runtime's, ``shard_block_rows``);
+    ``progress(n)``: ``n`` more messages acked."""
     vt = VirtualTime()
     caps = Capacities(topo)
     n = topo.workers.total_count
@@ -276,7 +276,7 @@ def simulate_cores(topo: Topology, inp: SimInput) -> tuple[report_mod.RunMeasure
         core.service.slice_s = math.inf
     agg.start_run(t0)
     src = settings.source
-    shards = _shards(inp, topo.sources, src.batch, shard_block_rows(topo))
+    shards = _shards(inp, topo.sources, src.batch, block_rows or shard_block_rows(topo))
     cores = [SourceCore(s, src.grouping(s, clock=vt.clock), _Transport(vt, workers, s), src,
                         clock=vt.clock, sleep=vt.sleep, t0=t0, control=_Control(agg, workers, s))
              for s in range(topo.sources)]
@@ -285,16 +285,21 @@ def simulate_cores(topo: Topology, inp: SimInput) -> tuple[report_mod.RunMeasure
 
     def source(s: int) -> None:
         core = cores[s]
-        routed = [0]
+        routed, acked = [0], [0]
         send_step = core.send_step
 
         def paid_step(batches: Any, idx: Any = None) -> None:  # the routing CPU, in virtual time
             send_step(batches, idx)
             vt.sleep((core.routed - routed[0]) * ROUTE_S_PER_MESSAGE)
             routed[0] = core.routed
+            if progress is not None and core.acked > acked[0]:
+                progress(core.acked - acked[0])
+                acked[0] = core.acked
 
         core.send_step = paid_step  # type: ignore[method-assign]
         stats[s] = core.run(pa.Table.from_batches([inp.records(idx)]) for idx in shards[s])
+        if progress is not None and core.acked > acked[0]:
+            progress(core.acked - acked[0])
         running[0] -= 1
 
     def worker(w: int) -> None:
@@ -317,7 +322,6 @@ def simulate_cores(topo: Topology, inp: SimInput) -> tuple[report_mod.RunMeasure
         vt.spawn(f"worker-{w}", functools.partial(worker, w))
     if caps.changes:
         vt.spawn("capacities", capacity_changes)
-    wall = time.time()
     vt.run()
     worker_stats = [core.finish() for core in workers]
     result = agg.result()
@@ -326,4 +330,4 @@ def simulate_cores(topo: Topology, inp: SimInput) -> tuple[report_mod.RunMeasure
     duration_s = max(max(s.end_ts for s in source_stats) - t0, 1e-9)
     measured = measurements(topo, caps, inp.n, duration_s, 0.0, source_stats, worker_stats, result,
                             agg_stats, engine="sim")
-    return measured, result, dataclasses.replace(agg_stats, simulated_in_s=time.time() - wall)
+    return measured, result, agg_stats

@@ -51,7 +51,7 @@ def warm() -> float:
             "input": {"format": "zipf", "messages": 5_000, "keys": 200},
             "sources": 2, "workers": {"count": 3, "capacity": [1, 1, 0.5], "service_us": 50},
             "grouping": {"scheme": scheme}, "app": {"kind": "wordcount"},
-            "run": {"batch": 500}}), model="cores")
+            "run": {"batch": 500}}))
     _warm_array_kinds()
     marker = _marker()
     marker.parent.mkdir(parents=True, exist_ok=True)

@@ -5,9 +5,13 @@ configured capacities."""
 from __future__ import annotations
 
 import threading
+from collections import Counter
 
+import pyarrow as pa
+import pyarrow.compute as pc
 import pytest
 
+from runtime.inputs import generators
 from runtime.sim import simulate
 from runtime.sim.cores import Deadlock, VirtualTime
 
@@ -78,11 +82,13 @@ def _numbers(report: dict) -> dict:
 
 @pytest.mark.parametrize("scheme", ["kg", "pkg", "cg", "acg", "fish", "wrr"])
 def test_a_run_over_the_cores_is_exact_and_deterministic(scheme: str) -> None:
-    exact = simulate(_topology(scheme))  # the queueing model's answer is the exact count
-    a = simulate(_topology(scheme), model="cores")
-    b = simulate(_topology(scheme), model="cores")
+    spec = _topology(scheme)["input"]
+    exact = Counter(generators.generate(0, spec["messages"], spec)["key"].tolist())
+    a = simulate(_topology(scheme))
+    b = simulate(_topology(scheme))
     assert a.report["engine"] == "sim" and a.report["sim"]["model"] == "cores"
-    assert a.result.sort_by("key").equals(exact.result.sort_by("key"))
+    assert dict(zip(a.result.column("key").to_pylist(), a.result.column("count").to_pylist(),
+                    strict=True)) == dict(exact)
     assert a.report["messages"] == {"input": 30_000, "processed": 30_000}
     assert _numbers(a.report) == _numbers(b.report)
     assert a.result.equals(b.result)
@@ -96,16 +102,21 @@ def test_aggregates_with_nulls_over_the_cores_equal_the_exact_answer() -> None:
                      input={"format": "zipf", "messages": 20_000, "keys": 500, "seed": 4})
     from runtime.operators import table_diff
 
-    exact = simulate(topo)
-    got = simulate(topo, model="cores")
-    assert table_diff(got.result, exact.result) is None
+    cols = generators.generate(0, 20_000, topo["input"], columns=("amount",))
+    rows = pa.table({c: pa.array(cols[c], from_pandas=True) for c in ("key", "amount")})
+    aggs = ("count", "sum", "min", "max", "mean")
+    exact = rows.group_by("key").aggregate(  # count: rows, as Spark's count(*)
+        [("amount", "count", pc.CountOptions(mode="all")), *(("amount", a) for a in aggs[1:])])
+    exact = exact.select(["key", *(f"amount_{a}" for a in aggs)]).rename_columns(["key", *aggs])
+    got = simulate(topo)
+    assert table_diff(got.result.sort_by("key"), exact.sort_by("key")) is None
 
 
 def test_the_workers_follow_their_capacities() -> None:
     """wrr, told the capacities, gives each worker its share; a saturated run
     takes the time the capacities predict (the cores' own service emulation
     on the virtual clock)."""
-    res = simulate(_topology("wrr"), model="cores")
+    res = simulate(_topology("wrr"))
     processed = [w["processed"] for w in res.report["workers"]]
     shares = [p / 30_000 for p in processed]
     for got, want in zip(shares, [1 / 2.75, 1 / 2.75, 0.5 / 2.75, 0.25 / 2.75], strict=True):
