@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from runtime.dataflow.messages import SourceProgress, SourceStats
+from runtime.dataflow.messages import SourceProgress, SourceStats, WorkerFence
 from runtime.dataflow.recovery import plan_resume
 from runtime.dataflow.reliability import Part, ResumePlan, WorkerLost, peak_rss_mb
 from runtime.dataflow.settings import SourceSettings
@@ -33,6 +33,7 @@ from runtime.dataflow.source import (
     StreamInbox,
     rebatch,
 )
+from runtime.grouping.coordination import RoutedReport
 from runtime.hashing import hash_arrow
 
 # ============================================================================ Ray edge
@@ -100,7 +101,7 @@ class RayControl:
                 out[w] = WorkerLost(w, type(e).__name__)
         return out
 
-    def report_routed(self, source: int, report: dict[str, Any]) -> None:
+    def report_routed(self, source: int, report: RoutedReport) -> None:
         self._table_ref = self.aggregator.report_routed.remote(source, report)
 
     def committed(self) -> dict[int, int]:
@@ -125,7 +126,7 @@ class RayControl:
         ray = self._ray
         refs = {w: self.workers[w].fence_source.remote(source, epoch) for w in live}
 
-        def fence_on(w: int) -> dict[str, Any] | None:
+        def fence_on(w: int) -> WorkerFence | None:
             try:
                 return ray.get(refs[w])
             except ray.exceptions.RayActorError:

@@ -18,7 +18,14 @@ from typing import Any
 
 import numpy as np
 
-from runtime.dataflow.messages import Ack, CommitAnswer, Verdict, WorkerProgress, WorkerStats
+from runtime.dataflow.messages import (
+    Ack,
+    CommitAnswer,
+    Verdict,
+    WorkerFence,
+    WorkerProgress,
+    WorkerStats,
+)
 from runtime.dataflow.reliability import Flush, Part, peak_rss_mb
 from runtime.dataflow.settings import WorkerSettings
 from runtime.dataflow.worker import WorkerCore
@@ -148,7 +155,7 @@ class WorkerActor:
     def set_capacity(self, capacity: float) -> None:
         self.core.set_capacity(capacity)
 
-    def fence_source(self, source: int, epoch: int) -> dict[str, Any]:
+    def fence_source(self, source: int, epoch: int) -> WorkerFence:
         return self.core.fence_source(source, epoch)
 
     def commit_now(self, timeout: float = 30.0) -> int:

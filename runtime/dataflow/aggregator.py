@@ -27,9 +27,10 @@ from typing import Any
 
 import pyarrow as pa
 
-from runtime.dataflow.messages import AggregatorStats, CommitAnswer, Verdict
+from runtime.dataflow.messages import AggregatorStats, CommitAnswer, CommittedClaims, Verdict
 from runtime.dataflow.reliability import CommitLedger, Flush, peak_rss_mb
 from runtime.dataflow.settings import AggregatorSettings
+from runtime.grouping.coordination import RoutedReport
 
 
 class AggregatorCore:
@@ -97,7 +98,7 @@ class AggregatorCore:
             self.coordinator.remove_worker(worker)
         return self.ledger.fence_worker(worker)
 
-    def report_routed(self, source: int, report: dict[str, Any]) -> Any:
+    def report_routed(self, source: int, report: RoutedReport) -> Any:
         """A source's per-VW routed counts (coordinated schemes), once per epoch;
         the answer is the coordinator's current table (a plan may be due)."""
         if self.coordinator is None:
@@ -122,7 +123,7 @@ class AggregatorCore:
         seq = self.fence_worker(worker)
         return seq, self.ledger.worker_claims(worker, source)
 
-    def committed_claims(self, source: int) -> dict[str, Any]:
+    def committed_claims(self, source: int) -> CommittedClaims:
         return self.ledger.claims_of(source)
 
     def committed_seq(self, worker: int) -> int:

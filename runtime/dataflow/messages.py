@@ -1,6 +1,8 @@
 """The messages between the dataflow cores, typed: what a worker answers a
 source's call with (``Ack``), and what the aggregator answers a worker's flush
-with (``CommitAnswer``, its ``Verdict``); and what the cores report at the end
+with (``CommitAnswer``, its ``Verdict``); what a restarted source reads to
+plan its resume (``WorkerFence`` from each live worker, ``CommittedClaims``
+from the aggregator); and what the cores report at the end
 of a run (``SourceStats``, ``WorkerStats`` with its ``WorkerSeries``,
 ``AggregatorStats``) and while it runs (``SourceProgress``,
 ``WorkerProgress``, ``WorkerSnapshot``), which
@@ -30,6 +32,26 @@ class Ack:
     committed_seq: int  # the newest flush the aggregator committed
     rejected: bool = False
     table: Any = None  # a coordinated scheme's newest VW table, once per source
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerFence:
+    """A worker's answer to ``fence_source`` (``ClaimLog.fence``): what it
+    holds of the restarted source - claims ``(batch, idx, flush_seq)``, the
+    latest watermark it saw and its newest committed flush."""
+
+    claims: list[tuple[int, Any, int]]  # idx: int32 message indices
+    watermark: int
+    committed_seq: int
+
+
+@dataclass(frozen=True, slots=True)
+class CommittedClaims:
+    """The aggregator's answer to ``committed_claims`` (``CommitLedger.claims_of``):
+    the source's committed claims ``(batch, idx)`` at or after its watermark."""
+
+    claims: list[tuple[int, Any]]
+    watermark: int
 
 
 class Verdict(enum.Enum):

@@ -21,6 +21,7 @@ from typing import Any
 
 import numpy as np
 
+from runtime.dataflow.messages import CommittedClaims, WorkerFence
 from runtime.dataflow.reliability import Entry, ReplayLog, ResumePlan, resume_plan, take
 
 
@@ -201,9 +202,9 @@ class Resume:
         return todo, kept
 
 
-def plan_resume(live: Iterable[int], fence_on: Callable[[int], dict[str, Any] | None],
+def plan_resume(live: Iterable[int], fence_on: Callable[[int], WorkerFence | None],
                 fence_dead: Callable[[int], Any],
-                committed_claims: Callable[[], dict[str, Any]]) -> ResumePlan:
+                committed_claims: Callable[[], CommittedClaims]) -> ResumePlan:
     """A restarted source's ``ResumePlan``: fence its older incarnations on
     every worker in ``live`` (``fence_on(w)``: the worker's claims, or None if
     it is dead), then read what the aggregator committed.
@@ -212,7 +213,7 @@ def plan_resume(live: Iterable[int], fence_on: Callable[[int], dict[str, Any] | 
     the committed claims are read: a flush it sent before dying may still be on
     its way, and committed after the plan took it for lost it would count
     twice what the plan re-sends (the fault explorer found it, seed 8463)."""
-    fences: dict[int, dict[str, Any]] = {}
+    fences: dict[int, WorkerFence] = {}
     for w in live:
         answer = fence_on(w)
         if answer is None:

@@ -47,6 +47,9 @@ from typing import Any
 
 import numpy as np
 
+from runtime.dataflow.messages import CommittedClaims, WorkerFence
+from runtime.grouping.coordination import RateReport
+
 IDX_DTYPE = np.int32
 
 
@@ -102,7 +105,7 @@ class Flush:
     messages: int  # messages in this flush
     #: what the worker measured since its previous flush, for a coordinated
     #: scheme's controller (``runtime.grouping.acg``), or None
-    report: dict[str, Any] | None = None
+    report: RateReport | None = None
 
 
 class WorkerLost(Exception):
@@ -448,16 +451,15 @@ class ClaimLog:
     def on_committed(self, seq: int) -> None:
         self.committed_seq = max(self.committed_seq, int(seq))
 
-    def fence(self, source: int, epoch: int) -> dict[str, Any]:
+    def fence(self, source: int, epoch: int) -> WorkerFence:
         """Reject ``source``'s incarnations older than ``epoch`` from now on; return
         what this worker holds of it: claims ``[(batch, idx, flush_seq)]``, the
         latest watermark seen and the committed flush."""
         self.fenced_epoch[source] = max(self.fenced_epoch.get(source, 0), int(epoch))
         by_batch = self._claims.get(source, {})
         claims = [c for b in sorted(by_batch) for c in by_batch[b]]
-        return {"claims": [(c.batch, c.idx, c.flush_seq) for c in claims],
-                "watermark": self.watermarks.get(source, 0),
-                "committed_seq": self.committed_seq}
+        return WorkerFence([(c.batch, c.idx, c.flush_seq) for c in claims],
+                           self.watermarks.get(source, 0), self.committed_seq)
 
 
 # ============================================================================ aggregator
@@ -510,10 +512,10 @@ class CommitLedger:
         self.fenced.add(int(worker))
         return self.committed_seq.get(int(worker), 0)
 
-    def claims_of(self, source: int) -> dict[str, Any]:
+    def claims_of(self, source: int) -> CommittedClaims:
         """Committed claims of ``source`` at or after its watermark, and the watermark."""
-        return {"claims": [(b, idx) for b, idx, _ in self._claims.get(source, ())],
-                "watermark": self.watermarks.get(source, 0)}
+        return CommittedClaims([(b, idx) for b, idx, _ in self._claims.get(source, ())],
+                               self.watermarks.get(source, 0))
 
     def worker_claims(self, worker: int, source: int) -> list[tuple[int, np.ndarray]]:
         """What ``worker``'s committed flushes hold of ``source`` (at or after its
@@ -555,23 +557,21 @@ class ResumePlan:
         return max(self.claimed, default=self.start_batch - 1)
 
 
-def resume_plan(worker_fences: dict[int, dict[str, Any]],
-                committed: dict[str, Any]) -> ResumePlan:
+def resume_plan(worker_fences: dict[int, WorkerFence], committed: CommittedClaims) -> ResumePlan:
     """Plan a restarted source's resume from the live workers' ``ClaimLog.fence``
     answers (worker -> answer) and the aggregator's ``CommitLedger.claims_of``."""
-    start = max([int(committed["watermark"])]
-                + [int(f["watermark"]) for f in worker_fences.values()])
+    start = max([int(committed.watermark)] + [int(f.watermark) for f in worker_fences.values()])
     parts: dict[int, list[np.ndarray]] = collections.defaultdict(list)
     retain: dict[int, list[tuple[int, np.ndarray, int]]] = collections.defaultdict(list)
-    for b, idx in committed["claims"]:
+    for b, idx in committed.claims:
         if b >= start:
             parts[b].append(idx)
     for w, f in worker_fences.items():
-        for b, idx, seq in f["claims"]:
+        for b, idx, seq in f.claims:
             if b < start:
                 continue
             parts[b].append(idx)
-            if seq > f["committed_seq"]:
+            if seq > f.committed_seq:
                 retain[b].append((w, idx, seq))
     return ResumePlan(start, {b: union_idx(p) for b, p in parts.items()}, dict(retain))
 

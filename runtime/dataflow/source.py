@@ -83,7 +83,7 @@ from runtime.dataflow.reliability import (
     take,
 )
 from runtime.dataflow.settings import SourceSettings
-from runtime.grouping.coordination import FIRST_PLAN_S, RoutedMeter
+from runtime.grouping.coordination import FIRST_PLAN_S, RoutedMeter, RoutedReport
 from runtime.hashing import hash_arrow
 
 Clock = Callable[[], float]
@@ -124,7 +124,7 @@ class Control(Protocol):
         """Make each worker flush and wait for the commit: worker -> committed
         flush sequence, or a ``WorkerLost``."""
 
-    def report_routed(self, source: int, report: dict[str, Any]) -> None:
+    def report_routed(self, source: int, report: RoutedReport) -> None:
         """A coordinated scheme's load report (``RoutedMeter.take``): what this
         source routed per VW; without waiting for the answer (``poll_table``)."""
 

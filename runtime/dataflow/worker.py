@@ -56,6 +56,7 @@ import numpy as np
 from runtime.dataflow.latency import LatencyHistogram
 from runtime.dataflow.messages import (
     Ack,
+    WorkerFence,
     WorkerProgress,
     WorkerSeries,
     WorkerSnapshot,
@@ -64,7 +65,7 @@ from runtime.dataflow.messages import (
 from runtime.dataflow.reliability import ClaimLog, Flush, Part, Tag
 from runtime.dataflow.service import ServiceEmulator
 from runtime.dataflow.settings import WorkerSettings
-from runtime.grouping.coordination import FIRST_PLAN_S, RateMeter
+from runtime.grouping.coordination import FIRST_PLAN_S, RateMeter, RateReport
 from runtime.grouping.signals import LoadSignaler, WorkerSignals
 from runtime.reporting.metrics import DistinctKeys
 
@@ -188,7 +189,7 @@ class LoadMeter:
         h.add(latency_s)
         self.rate.served(n)
 
-    def take_report(self) -> dict[str, Any]:
+    def take_report(self) -> RateReport:
         """The rate meter's report up to now (then it starts afresh)."""
         self.account(self.now())
         return self.rate.take()
@@ -528,7 +529,7 @@ class WorkerCore:
                 raise self.death()
             return self.claims.committed_seq
 
-    def fence_source(self, source: int, epoch: int) -> dict[str, Any]:
+    def fence_source(self, source: int, epoch: int) -> WorkerFence:
         """``source`` restarted as incarnation ``epoch``: see ``ClaimLog.fence``.
         Waits for a batch in service; queued ones of older incarnations are
         rejected when dequeued."""

@@ -63,7 +63,7 @@ from typing import Any
 import numpy as np
 
 from runtime.grouping.base import Clock, register
-from runtime.grouping.coordination import FIRST_PLAN_S, VwTable
+from runtime.grouping.coordination import FIRST_PLAN_S, RateReport, RoutedReport, VwTable
 from runtime.grouping.porc import (
     VirtualWorkerGrouping,
     modulo_owner,
@@ -481,16 +481,15 @@ class AcgController:
         self._routed_to[int(source)] = max(self._routed_to.get(int(source), -math.inf),
                                            float(now))
 
-    def report_from(self, worker: int, report: dict[str, Any], now: float) -> None:
+    def report_from(self, worker: int, report: RateReport, now: float) -> None:
         """A worker's ``RateMeter.take()`` report, received at ``now``."""
-        self.report(worker, report["processed"], report["busy_s"], now)
+        self.report(worker, report.processed, report.busy_s, now)
 
-    def routed_from(self, source: int, report: dict[str, Any]) -> None:
+    def routed_from(self, source: int, report: RoutedReport) -> None:
         """A source's ``RoutedMeter.take()`` report; its last one (``final``)
         ends the planning (``finish``)."""
-        self.report_routed(source, report["since"], report["now"], report["vw_ids"],
-                           report["vw_counts"])
-        if report.get("final"):
+        self.report_routed(source, report.since, report.now, report.vw_ids, report.vw_counts)
+        if report.final:
             self.finish()
 
     def finish(self) -> None:

@@ -10,7 +10,6 @@ consumes them.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 
@@ -24,6 +23,28 @@ class VwTable:
 
     version: int
     owner: np.ndarray  # int32[B]
+
+
+@dataclass(frozen=True, slots=True)
+class RateReport:
+    """A worker's ``RateMeter.take``: messages served and seconds busy since
+    its previous report (it travels on the worker's flush)."""
+
+    processed: int
+    busy_s: float
+
+
+@dataclass(frozen=True, slots=True)
+class RoutedReport:
+    """A source's ``RoutedMeter.take``: messages routed per VW over ``[since,
+    now)`` (the VWs with any, and their counts); ``final``: the source's last
+    report (its stream has ended)."""
+
+    since: float
+    now: float
+    vw_ids: np.ndarray  # int32
+    vw_counts: np.ndarray  # int64
+    final: bool = False
 
 
 class RateMeter:
@@ -42,9 +63,9 @@ class RateMeter:
     def working(self, seconds: float) -> None:
         self.busy_s += max(0.0, float(seconds))
 
-    def take(self) -> dict[str, Any]:
+    def take(self) -> RateReport:
         """The report since the previous ``take`` (then starts afresh)."""
-        out = {"processed": self.processed, "busy_s": self.busy_s}
+        out = RateReport(self.processed, self.busy_s)
         self.processed, self.busy_s = 0, 0.0
         return out
 
@@ -60,12 +81,11 @@ class RoutedMeter:
     def routed(self, vws: np.ndarray) -> None:
         self.counts += np.bincount(vws, minlength=len(self.counts))
 
-    def take(self, now: float, final: bool = False) -> dict[str, Any]:
+    def take(self, now: float, final: bool = False) -> RoutedReport:
         """The report over ``[since, now)``; the next window starts at ``now``.
         ``final``: the source's last one (its stream has ended)."""
         ids = np.flatnonzero(self.counts).astype(np.int32)
-        out = {"since": self.since, "now": now, "vw_ids": ids, "vw_counts": self.counts[ids],
-               "final": final}
+        out = RoutedReport(self.since, now, ids, self.counts[ids], final)
         self.counts = np.zeros_like(self.counts)
         self.since = now
         return out

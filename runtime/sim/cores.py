@@ -43,6 +43,7 @@ from runtime.dataflow.reliability import Flush, Part
 from runtime.dataflow.settings import CoreSettings, coordinator_for
 from runtime.dataflow.source import SourceCore
 from runtime.dataflow.worker import WorkerCore
+from runtime.grouping.coordination import RoutedReport
 from runtime.inputs.input_check import shard_block_rows
 from runtime.operators import WorkerApp
 from runtime.reporting import report as report_mod
@@ -203,7 +204,7 @@ class _Control:
         return {w: self.workers[w].wait_committed(self.workers[w].flush_now(), 0)
                 for w in workers}
 
-    def report_routed(self, source: int, report: dict[str, Any]) -> None:
+    def report_routed(self, source: int, report: RoutedReport) -> None:
         self.table = self.agg.report_routed(source, report)
 
     def poll_table(self, timeout: float | None = 0.0) -> Any:

@@ -60,6 +60,7 @@ from runtime.dataflow.settings import AggregatorSettings, SourceSettings, Worker
 from runtime.dataflow.source import SourceCore
 from runtime.dataflow.worker import WorkerCore
 from runtime.grouping import SCHEMES as SCHEME_CLASSES
+from runtime.grouping.coordination import RoutedReport
 from runtime.operators import WorkerApp, builtin_operator
 
 #: the schemes a seed draws from (every kind of routing state: hashing,
@@ -368,7 +369,7 @@ class Attempt:
             out[w] = self.workers[w].wait_committed(seq, 0)
         return out
 
-    def report_routed(self, source: int, report: dict[str, Any]) -> None:
+    def report_routed(self, source: int, report: RoutedReport) -> None:
         self.tables[source] = self.agg.report_routed(source, report)
 
     def poll_table(self, source: int) -> Any:
@@ -537,7 +538,7 @@ class Control:
     def commit(self, workers: Sequence[int]) -> dict[int, Any]:
         return self.a.commit(workers, self.source)
 
-    def report_routed(self, source: int, report: dict[str, Any]) -> None:
+    def report_routed(self, source: int, report: RoutedReport) -> None:
         self.a.report_routed(source, report)
 
     def poll_table(self, timeout: float | None = 0.0) -> Any:

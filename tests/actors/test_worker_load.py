@@ -11,6 +11,7 @@ from conftest import FakeTime
 
 from runtime.dataflow.worker import FlushCadence, LoadMeter, SourceSignals, TableRelay
 from runtime.grouping.acg import FIRST_PLAN_S
+from runtime.grouping.coordination import RateReport
 from runtime.grouping.signals import WorkerSignals
 
 
@@ -87,8 +88,9 @@ def test_rate_report_counts_time_with_work_only(fake_time) -> None:
     m.served(10, ft.t - 0.5, ft.t, np.zeros(10))
     m.change(-1, -10)
     ft.sleep(1.0)  # idle again
-    assert m.take_report() == {"processed": 10, "busy_s": pytest.approx(0.5)}
-    assert m.take_report() == {"processed": 0, "busy_s": 0.0}
+    first = m.take_report()
+    assert (first.processed, first.busy_s) == (10, pytest.approx(0.5))
+    assert m.take_report() == RateReport(processed=0, busy_s=0.0)
 
 
 def test_each_source_gets_its_own_signaler_fed_the_same_samples() -> None:

@@ -11,7 +11,7 @@ import pyarrow as pa
 from conftest import FakeTime
 
 from runtime.dataflow.aggregator import AggregatorCore
-from runtime.dataflow.messages import CommitAnswer, Verdict
+from runtime.dataflow.messages import CommitAnswer, CommittedClaims, Verdict, WorkerFence
 from runtime.dataflow.reliability import (
     ClaimLog,
     CommitLedger,
@@ -96,8 +96,8 @@ def test_claim_log_flushes_fences_dedups_and_prunes() -> None:
     assert c.filter_new(_tag(2, _idx(5))) is None
     # watermark 1: batch 0 is committed everywhere, its claims are pruned
     ans = c.fence(0, epoch=1)
-    assert [(b, i.tolist(), s) for b, i, s in ans["claims"]] == [(1, [5], 2)]
-    assert ans["watermark"] == 1
+    assert [(b, i.tolist(), s) for b, i, s in ans.claims] == [(1, [5], 2)]
+    assert ans.watermark == 1
     assert not c.admits(_tag(3, _idx(0), epoch=0)) and c.admits(_tag(3, _idx(0), epoch=1))
 
 
@@ -123,23 +123,23 @@ def test_ledger_commits_in_order_ignores_duplicates_and_fences() -> None:
     assert got == {"a": 1, "b": 1, "c": 1, "x": 1}
     st = agg.stats()
     assert st.committed_messages == {"0": 3, "1": 1} and st.fenced_workers == [1]
-    assert [b for b, _ in agg.committed_claims(0)["claims"]] == [1, 2, 3, 1]  # commit order
+    assert [b for b, _ in agg.committed_claims(0).claims] == [1, 2, 3, 1]  # commit order
 
 
 def test_ledger_prunes_claims_below_the_watermark() -> None:
     led = CommitLedger()
     led.record(Flush(0, 1, None, {0: [(0, _idx(1)), (3, _idx(2))]}, {0: 0}, 2))
     led.record(Flush(0, 2, None, {0: [(4, _idx(0))]}, {0: 3}, 1))
-    assert [b for b, _ in led.claims_of(0)["claims"]] == [3, 4]
-    assert led.claims_of(0)["watermark"] == 3
+    assert [b for b, _ in led.claims_of(0).claims] == [3, 4]
+    assert led.claims_of(0).watermark == 3
 
 
 def test_resume_plan_skips_claimed_and_retains_uncommitted() -> None:
     fences = {
-        0: {"claims": [(5, _idx(0, 1), 3), (6, _idx(2), 4)], "watermark": 5, "committed_seq": 3},
-        2: {"claims": [(4, _idx(9), 1), (6, _idx(0), 2)], "watermark": 4, "committed_seq": 1},
+        0: WorkerFence([(5, _idx(0, 1), 3), (6, _idx(2), 4)], watermark=5, committed_seq=3),
+        2: WorkerFence([(4, _idx(9), 1), (6, _idx(0), 2)], watermark=4, committed_seq=1),
     }
-    committed = {"claims": [(6, _idx(1)), (3, _idx(0))], "watermark": 2}  # a dead worker's
+    committed = CommittedClaims([(6, _idx(1)), (3, _idx(0))], watermark=2)  # a dead worker's
     plan = resume_plan(fences, committed)
     assert plan.start_batch == 5 and plan.last_claimed_batch == 6
     todo, retain = plan.split(6, 4)

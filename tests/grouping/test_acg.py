@@ -21,6 +21,7 @@ from runtime.grouping.acg import (
     rebalance_joined,
     table_agreement,
 )
+from runtime.grouping.coordination import RoutedReport
 
 R = 16
 
@@ -197,8 +198,8 @@ def test_a_final_load_report_ends_planning_so_every_source_ends_on_the_last_tabl
         sc.epoch()
     last = sc.ctl.version
     assert last >= 1
-    sc.ctl.routed_from(0, {"since": sc.t, "now": sc.t + 0.5, "vw_ids": np.arange(4),
-                           "vw_counts": np.ones(4), "final": True})
+    sc.ctl.routed_from(0, RoutedReport(since=sc.t, now=sc.t + 0.5, vw_ids=np.arange(4),
+                                       vw_counts=np.ones(4), final=True))
     sc.rates[0], sc.rates[5] = 200.0, 1000.0  # a change after the end: no new plan
     for _ in range(5):
         sc.epoch()
