@@ -28,6 +28,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--shard-block-rows", type=int, default=None,
                    help="stream blocks dealt round-robin to the sources (default: as the "
                         "real runtime)")
+    p.add_argument("--model", choices=("cores",), default="cores",
+                   help="cores (the only one: the runtime's own cores on a virtual clock; the "
+                        "former queueing model was removed)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--no-plot", action="store_true", help="skip report.png")
     args = p.parse_args(argv)

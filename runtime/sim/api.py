@@ -53,6 +53,7 @@ def simulate(
     sim_input: SimInput | None = None,
     progress: Callable[[int], None] | None = None,
     clock: phases.RunClock | None = None,
+    model: str = "cores",
 ) -> SimResult:
     """Simulate a topology (object, YAML path or dict, plus ``--set`` overrides)
     over the runtime's own source, worker and aggregator cores on a virtual
@@ -64,10 +65,14 @@ def simulate(
     the same input without re-reading it). ``progress(n)``: ``n`` more
     messages acked. Raises ``TopologyError`` on bad input (one line naming the
     field). ``clock``: the run's ``phases`` clock (default: one starting now);
-    the report's ``phases`` are wall time.
+    the report's ``phases`` are wall time. ``model``: ``"cores"``, the only
+    one (kept for callers that named it; the queueing model was removed).
     """
     from runtime.sim.cores import simulate_cores
 
+    if model != "cores":
+        raise TopologyError(f"--model: the simulator has one model, cores (got {model!r}; "
+                            "the queueing model was removed)")
     topo = topology if isinstance(topology, Topology) else load_topology(topology, overrides)
     if isinstance(topology, Topology) and overrides:
         raise ValueError("overrides apply to a path or dict, not to a loaded Topology")

@@ -23,7 +23,7 @@ from runtime.sim import SimResult, simulate
 from runtime.sim.cores import _shards
 from runtime.sim.inputs import load_input
 from runtime.simulate import main as simulate_main
-from runtime.topology import load_topology
+from runtime.topology import TopologyError, load_topology
 
 ROOT = Path(__file__).resolve().parents[2]
 PY = sys.executable
@@ -326,6 +326,18 @@ def test_cli_bad_topology_exits_2_with_one_line(tmp_path: Path) -> None:
     assert len(lines) == 1 and "workers.capacity" in lines[0]
     assert "Traceback" not in p.stderr
     assert not (tmp_path / "o").exists()
+
+
+def test_the_removed_queueing_model_is_refused_with_one_line(tmp_path: Path) -> None:
+    with pytest.raises(TopologyError, match="one model, cores"):
+        simulate(topo("kg"), model="queueing")
+    code = None
+    try:
+        simulate_main([str(ROOT / "topologies" / "demo.yaml"), "--model", "queueing",
+                       "--out", str(tmp_path / "o")])
+    except SystemExit as e:
+        code = e.code
+    assert code == 2 and not (tmp_path / "o").exists()
 
 
 @pytest.mark.parametrize("overrides, field", [
