@@ -69,8 +69,8 @@ class Deadlock(RuntimeError):
 
 class VirtualTime:
     """Threads taking turns on one virtual clock (see the module docstring).
-    The running thread hands over to the next by setting that thread's own
-    event (one wake-up per turn, not one per thread)."""
+    The running thread hands over to the next by releasing that thread's own
+    turn lock (one wake-up per turn, not one per thread)."""
 
     def __init__(self, t0: float = T0) -> None:
         self.now = t0
@@ -78,7 +78,9 @@ class VirtualTime:
         #: blocked threads in blocking order (a dict keeps insertion order):
         #: name -> (wake-up time, order, condition or None)
         self._blocked: dict[str, tuple[float, int, Callable[[], bool] | None]] = {}
-        self._turn: dict[str, threading.Event] = {}
+        #: each thread's turn: a lock held while it must wait (a plain lock
+        #: hands over with one wake-up, without an Event's condition)
+        self._turn: dict[str, threading.Lock] = {}
         self._order = itertools.count()
         self._local = threading.local()
         self._threads: list[threading.Thread] = []
@@ -100,12 +102,12 @@ class VirtualTime:
         return ready()
 
     def spawn(self, name: str, fn: Callable[[], Any]) -> None:
-        turn = self._turn[name] = threading.Event()
+        turn = self._turn[name] = threading.Lock()
+        turn.acquire()  # held while the thread may not run: ``_next`` releases it
 
         def body() -> None:
             self._local.name = name
-            turn.wait()
-            turn.clear()
+            turn.acquire()
             try:
                 if self.error is None:
                     fn()
@@ -139,8 +141,7 @@ class VirtualTime:
         with self._lock:
             self._blocked[me] = (wake, next(self._order), ready)
             self._next()
-        turn.wait()
-        turn.clear()
+        turn.acquire()
         if self.error is not None:
             raise _Stop()
 
@@ -161,7 +162,7 @@ class VirtualTime:
                 self.now = max(self.now, wake)
         if pick is not None:
             del self._blocked[pick]
-            self._turn[pick].set()
+            self._turn[pick].release()
 
 
 class _Stop(BaseException):
@@ -184,11 +185,14 @@ class _Transport:
         return tok
 
     def wait(self, tokens: Sequence[int], timeout: float | None) -> list[tuple[int, Any]]:
-        def done() -> list[int]:
-            return [t for t in tokens if self.calls[t].done.is_set()]
+        calls = [(t, self.calls[t]) for t in tokens]
 
-        self.vt.wait_until(lambda: bool(done()), timeout)
-        return [(t, self.calls.pop(t).ack) for t in done()]
+        def ready() -> bool:
+            return any(c.done.is_set() for _, c in calls)
+
+        self.vt.wait_until(ready, timeout)
+        done = [t for t, c in calls if c.done.is_set()]
+        return [(t, self.calls.pop(t).ack) for t in done]
 
 
 class _Control:
