@@ -395,8 +395,9 @@ class ClaimLog:
         lo = 0
         for b, idx in tag.segments():
             seen = by_batch.get(b)
-            if seen:
-                dup = np.isin(idx, union_idx(c.idx for c in seen))
+            if seen:  # (isin needs no sorted, distinct union of the claims)
+                dup = np.isin(idx, seen[0].idx if len(seen) == 1
+                              else np.concatenate([c.idx for c in seen]))
                 if dup.any():
                     dups.append(lo + np.flatnonzero(dup))
             lo += len(idx)

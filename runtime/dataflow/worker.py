@@ -53,7 +53,7 @@ from typing import Any
 
 import numpy as np
 
-from runtime.dataflow.latency import LatencyHistogram
+from runtime.dataflow.latency import Binned, LatencyHistogram, binned
 from runtime.dataflow.messages import (
     Ack,
     WorkerProgress,
@@ -174,9 +174,10 @@ class LoadMeter:
         self.q_msgs += d_msgs
         return now_rel
 
-    def served(self, n: int, t_start: float, t_end: float, latency_s: np.ndarray) -> None:
+    def served(self, n: int, t_start: float, t_end: float, latency_s: Binned | None) -> None:
         """A batch of ``n`` messages was in service from ``t_start`` to
-        ``t_end`` (clock times); ``latency_s`` per message."""
+        ``t_end`` (clock times); ``latency_s``: its messages' latencies
+        (``latency.binned``)."""
         s = self.slots
         rel_end = self.rel(t_end)
         k = s.slot_of(rel_end)
@@ -185,7 +186,7 @@ class LoadMeter:
         h = s.latency.get(k)
         if h is None:
             h = s.latency[k] = LatencyHistogram()
-        h.add(latency_s)
+        h.add_binned(latency_s)
         self.rate.served(n)
 
     def take_report(self) -> dict[str, Any]:
@@ -432,9 +433,10 @@ class WorkerCore:
             return
         t_end = self.clock()
         lat = _latencies(item, finish, t_end)
+        counted = binned(lat)  # once, for the slot's histogram and the total
         with self._lock:
-            self.load.served(item.n, t_start, t_end, lat)
-            self.latency.add(lat)
+            self.load.served(item.n, t_start, t_end, counted)
+            self.latency.add_binned(counted)
             self.processed += item.n
             self.batches += 1
         self._changed(-1, -item.n)
