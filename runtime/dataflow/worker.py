@@ -539,7 +539,7 @@ class WorkerCore:
 
     def pending(self) -> int:
         """Calls waiting in the queue (not the one in service)."""
-        return self._queue.qsize()
+        return len(self._queue.queue)  # ``qsize()`` without its lock: a deque's len is atomic
 
     def run_forever(self) -> None:
         """The processing thread: drain FIFO until ``stop()``. If it dies, every

@@ -32,6 +32,7 @@ import dataclasses
 import functools
 import itertools
 import math
+import operator
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -154,7 +155,8 @@ class VirtualTime:
                 pick = name
                 break
         if pick is None and self._blocked:
-            pick, (wake, _, _) = min(self._blocked.items(), key=lambda x: x[1][:2])
+            # (wake-up, order): the orders are distinct, so the conditions are never compared
+            pick, (wake, _, _) = min(self._blocked.items(), key=operator.itemgetter(1))
             if math.isinf(wake):
                 if self.error is None:
                     self.error = Deadlock(f"every thread waits: {sorted(self._blocked)}")
@@ -186,9 +188,13 @@ class _Transport:
 
     def wait(self, tokens: Sequence[int], timeout: float | None) -> list[tuple[int, Any]]:
         calls = [(t, self.calls[t]) for t in tokens]
+        done_flags = [c.done.is_set for _, c in calls]
 
-        def ready() -> bool:
-            return any(c.done.is_set() for _, c in calls)
+        def ready() -> bool:  # (checked on every hand-over while this source waits)
+            for is_set in done_flags:
+                if is_set():
+                    return True
+            return False
 
         self.vt.wait_until(ready, timeout)
         done = [t for t, c in calls if c.done.is_set()]
