@@ -164,16 +164,20 @@ class Part:
         """One part for a worker's queued sub-batches (``Entry``), in order."""
         import pyarrow as pa
 
+        if len(entries) == 1:  # the common call: one sub-batch
+            e = entries[0]
+            tag = Tag(int(source), int(epoch), np.array([e.batch], dtype=np.int64),
+                      np.array([len(e.idx)], dtype=np.int64), e.idx, int(watermark))
+            # a copy, also of one entry: an entry may be a slice of a larger
+            # batch, and pickling a slice sends its parent's whole buffers
+            return cls(tag, pa.concat_batches([e.records]), e.hashes,
+                       np.array([e.emit_ts], dtype=np.float64))
         tag = Tag(int(source), int(epoch),
                   np.array([e.batch for e in entries], dtype=np.int64),
                   np.array([len(e.idx) for e in entries], dtype=np.int64),
-                  np.concatenate([e.idx for e in entries]) if len(entries) > 1
-                  else entries[0].idx, int(watermark))
-        # a copy, also of one entry: an entry may be a slice of a larger batch,
-        # and pickling a slice sends its parent's whole buffers
+                  np.concatenate([e.idx for e in entries]), int(watermark))
         records = pa.concat_batches([e.records for e in entries])
-        hashes = (np.concatenate([e.hashes for e in entries]) if len(entries) > 1
-                  else entries[0].hashes)
+        hashes = np.concatenate([e.hashes for e in entries])
         emit = np.array([e.emit_ts for e in entries], dtype=np.float64)
         return cls(tag, records, hashes, emit)
 

@@ -440,7 +440,7 @@ class WorkerCore:
             self.processed += item.n
             self.batches += 1
         self._changed(-1, -item.n)
-        item.ack = self._ack(item, lat, t_end, applied_seq)
+        item.ack = self._ack(item, counted, t_end, applied_seq)
         item.parts = []
         item.done.set()
 
@@ -477,14 +477,16 @@ class WorkerCore:
                     flush_seq = self.claims.processed(p.tag)
         return flush_seq
 
-    def _ack(self, item: QueuedCall, lat: np.ndarray, t_end: float, flush_seq: int) -> Ack:
+    def _ack(self, item: QueuedCall, lat: Binned | None, t_end: float, flush_seq: int) -> Ack:
+        """``lat``: the call's latencies (``latency.binned``: their sum and max)."""
         signal = 0
         sig = self._signals.get(item.source)
         if sig is not None:
             with self._lock:
                 signal = sig.take_signal(self.load.last_t)
         return Ack(self.worker_id, item.n, signal,
-                   float(lat.sum()) if item.n else 0.0, float(lat.max()) if item.n else 0.0,
+                   lat[2] if item.n and lat is not None else 0.0,
+                   lat[3] if item.n and lat is not None else 0.0,
                    t_end, flush_seq, self.claims.committed_seq,
                    table=self._tables.take_new(item.source))
 
