@@ -121,6 +121,21 @@ def union_idx(parts: Iterable[np.ndarray]) -> np.ndarray:
     return np.unique(np.concatenate(arrs)).astype(IDX_DTYPE, copy=False)
 
 
+def _isin(idx: np.ndarray, held: np.ndarray) -> np.ndarray:
+    """``np.isin(idx, held)`` for message indices (small, non-negative: a
+    position in a batch): a lookup in a mask over ``[0, max]`` instead of
+    ``isin``'s sort, about 5x faster on a sub-batch; ``np.isin`` itself for
+    anything else."""
+    if not len(idx) or not len(held):
+        return np.zeros(len(idx), dtype=bool)
+    hi = max(int(idx.max()), int(held.max())) + 1
+    if min(int(idx.min()), int(held.min())) < 0 or hi > 4 * (len(idx) + len(held)) + 4096:
+        return np.isin(idx, held)
+    mask = np.zeros(hi, dtype=bool)
+    mask[held] = True
+    return mask[idx]
+
+
 # ============================================================================ source
 
 
@@ -399,9 +414,9 @@ class ClaimLog:
         lo = 0
         for b, idx in tag.segments():
             seen = by_batch.get(b)
-            if seen:  # (isin needs no sorted, distinct union of the claims)
-                dup = np.isin(idx, seen[0].idx if len(seen) == 1
-                              else np.concatenate([c.idx for c in seen]))
+            if seen:
+                dup = _isin(idx, seen[0].idx if len(seen) == 1
+                            else np.concatenate([c.idx for c in seen]))
                 if dup.any():
                     dups.append(lo + np.flatnonzero(dup))
             lo += len(idx)
