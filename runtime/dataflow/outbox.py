@@ -126,11 +126,13 @@ class Outboxes:
         ``linger_s`` (``behind_linger_s`` when the source is ``behind``)."""
         linger_s = self.behind_linger_s if behind else self.linger_s
         now = self.clock()
-        caps = self.drain_rates.call_caps(self.call_messages)
-        fills = self.bounds() // 2
+        caps = fills = None  # computed once, if any outbox holds something
         for w, q in enumerate(self.queues):
             if not q:
                 continue
+            if caps is None or fills is None:
+                caps = self.drain_rates.call_caps(self.call_messages)
+                fills = self.bounds() // 2
             cap = int(caps[w])
             if (q and not force and self.queued_n[w] < min(cap, fills[w])
                     and now - self.queued_at[w] < linger_s):
