@@ -79,6 +79,8 @@ class VirtualTime:
         #: blocked threads in blocking order (a dict keeps insertion order):
         #: name -> (wake-up time, order, condition or None)
         self._blocked: dict[str, tuple[float, int, Callable[[], bool] | None]] = {}
+        #: those of them with a condition, in the same order (what ``_next`` scans)
+        self._waiting: dict[str, Callable[[], bool]] = {}
         #: each thread's turn: a lock held while it must wait (a plain lock
         #: hands over with one wake-up, without an Event's condition)
         self._turn: dict[str, threading.Lock] = {}
@@ -141,6 +143,8 @@ class VirtualTime:
         turn = self._turn[me]
         with self._lock:
             self._blocked[me] = (wake, next(self._order), ready)
+            if ready is not None:
+                self._waiting[me] = ready
             self._next()
         turn.acquire()
         if self.error is not None:
@@ -150,10 +154,13 @@ class VirtualTime:
         """Pick who runs next and wake it (the caller holds the lock): the
         first blocked thread whose condition holds, else the earliest wake-up."""
         pick = None
-        for name, (_, _, ready) in self._blocked.items():
-            if ready is not None and (self.error is not None or ready()):
-                pick = name
-                break
+        if self.error is None:
+            for name, ready in self._waiting.items():
+                if ready():
+                    pick = name
+                    break
+        elif self._waiting:
+            pick = next(iter(self._waiting))
         if pick is None and self._blocked:
             # (wake-up, order): the orders are distinct, so the conditions are never compared
             pick, (wake, _, _) = min(self._blocked.items(), key=operator.itemgetter(1))
@@ -164,6 +171,7 @@ class VirtualTime:
                 self.now = max(self.now, wake)
         if pick is not None:
             del self._blocked[pick]
+            self._waiting.pop(pick, None)
             self._turn[pick].release()
 
 
