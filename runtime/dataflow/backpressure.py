@@ -54,10 +54,14 @@ class DrainRates:
         #: whether any call to the worker was acknowledged yet
         self.measured = np.zeros(int(n_workers), dtype=bool)
         self._last_ack = np.full(int(n_workers), -math.inf)
+        #: changes whenever a rate or ``measured`` may have (``call_caps`` is cached)
+        self.version = 0
+        self._caps: tuple[int, int, np.ndarray] | None = None  # (version, call_messages, caps)
 
     def acked(self, worker: int, n: int, sent_at: float, now: float) -> None:
         """A call of ``n`` messages sent at ``sent_at`` was acknowledged at ``now``."""
         w = int(worker)
+        self.version += 1
         start = max(float(sent_at), self._last_ack[w])
         self._last_ack[w] = max(self._last_ack[w], float(now))
         dt = float(now) - start
@@ -73,6 +77,7 @@ class DrainRates:
 
     def forget(self, worker: int) -> None:
         """``worker`` left: a worker that joins with its id starts unmeasured."""
+        self.version += 1
         self.rate[int(worker)] = 0.0
         self.measured[int(worker)] = False
         self._last_ack[int(worker)] = -math.inf
@@ -86,7 +91,17 @@ class DrainRates:
         return int(self.call_caps(call_messages)[int(worker)])
 
     def call_caps(self, call_messages: int) -> np.ndarray:
-        """``call_cap`` of every worker (int64)."""
+        """``call_cap`` of every worker (int64, read-only: computed again only
+        after an ack or a departure)."""
+        cached = self._caps
+        if cached is not None and cached[0] == self.version and cached[1] == call_messages:
+            return cached[2]
+        caps = self._call_caps(call_messages)
+        caps.flags.writeable = False
+        self._caps = (self.version, call_messages, caps)
+        return caps
+
+    def _call_caps(self, call_messages: int) -> np.ndarray:
         caps = np.minimum(float(call_messages),
                           np.maximum(1.0, self.rate * self.call_s)).astype(np.int64)
         caps[self.rate <= 0] = int(call_messages)  # acknowledged in no measurable time

@@ -20,10 +20,26 @@ _LOG_RATIO = math.log(RATIO)
 
 
 def bin_of(latencies_s: np.ndarray) -> np.ndarray:
-    lat = np.maximum(np.asarray(latencies_s, dtype=np.float64), 0.0)
-    with np.errstate(divide="ignore"):
-        b = np.floor(np.log(np.maximum(lat, MIN_S * 0.5) / MIN_S) / _LOG_RATIO).astype(np.int64) + 1
-    return np.clip(b, 0, N_BINS - 1)
+    # the log's argument is at least MIN_S / 2 (never 0: no divide-by-zero to silence)
+    lat = np.maximum(np.asarray(latencies_s, dtype=np.float64), MIN_S * 0.5)
+    b = np.floor(np.log(lat / MIN_S) / _LOG_RATIO).astype(np.int64) + 1
+    np.maximum(b, 0, out=b)  # np.clip(b, 0, N_BINS - 1), without its per-call checks
+    return np.minimum(b, N_BINS - 1, out=b)
+
+
+#: latencies counted once (``binned``), to add to several histograms:
+#: (counts per bin, count, sum in s, max in s)
+Binned = tuple[np.ndarray, int, float, float]
+
+
+def binned(latencies_s: np.ndarray) -> Binned | None:
+    """``latencies_s`` counted per bin, once for every histogram it goes to
+    (``LatencyHistogram.add_binned``); None when empty."""
+    lat = np.asarray(latencies_s, dtype=np.float64)
+    if lat.size == 0:
+        return None
+    return (np.bincount(bin_of(lat), minlength=N_BINS), int(lat.size), float(lat.sum()),
+            float(lat.max()))
 
 
 def bin_upper_s(b: np.ndarray) -> np.ndarray:
@@ -44,13 +60,17 @@ class LatencyHistogram:
         self.max_s = 0.0
 
     def add(self, latencies_s: np.ndarray) -> None:
-        lat = np.asarray(latencies_s, dtype=np.float64)
-        if lat.size == 0:
+        self.add_binned(binned(latencies_s))
+
+    def add_binned(self, b: Binned | None) -> None:
+        """Add latencies counted by ``binned`` (the same as ``add`` of them)."""
+        if b is None:
             return
-        self.counts += np.bincount(bin_of(lat), minlength=N_BINS)
-        self.count += int(lat.size)
-        self.sum_s += float(lat.sum())
-        self.max_s = max(self.max_s, float(lat.max()))
+        counts, n, sum_s, max_s = b
+        self.counts += counts
+        self.count += n
+        self.sum_s += sum_s
+        self.max_s = max(self.max_s, max_s)
 
     def merge(self, other: LatencyHistogram) -> LatencyHistogram:
         self.counts += other.counts

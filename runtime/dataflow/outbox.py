@@ -70,6 +70,8 @@ class Outboxes:
         #: in seconds of work, not only in messages
         self.drain_rates = DrainRates(n_workers)
         self.calls = 0  # calls sent
+        #: ``bounds()`` as of (drain rates' version, batch_rows): read-only
+        self._bounds: tuple[int, int, np.ndarray] | None = None
 
     def queue(self, entry: Entry) -> None:
         """Append a routed sub-batch to its worker's outbox."""
@@ -94,8 +96,17 @@ class Outboxes:
         work) when that is more - a worker that drains fast gets calls of many
         batches, while what it holds stays within a fraction of a second of
         its work."""
-        if caps is None:
-            caps = self.drain_rates.call_caps(self.call_messages)
+        if caps is not None:
+            return self._bounds_of(caps)
+        cached, version = self._bounds, self.drain_rates.version
+        if cached is not None and cached[0] == version and cached[1] == self.batch_rows:
+            return cached[2]
+        bounds = self._bounds_of(self.drain_rates.call_caps(self.call_messages))
+        bounds.flags.writeable = False
+        self._bounds = (version, self.batch_rows, bounds)
+        return bounds
+
+    def _bounds_of(self, caps: np.ndarray) -> np.ndarray:
         slots = self.max_inflight + self.outbox_batches
         return np.maximum(slots * self.batch_rows, slots * caps)
 
@@ -115,9 +126,13 @@ class Outboxes:
         ``linger_s`` (``behind_linger_s`` when the source is ``behind``)."""
         linger_s = self.behind_linger_s if behind else self.linger_s
         now = self.clock()
-        caps = self.drain_rates.call_caps(self.call_messages)
-        fills = self.bounds(caps) // 2
+        caps = fills = None  # computed once, if any outbox holds something
         for w, q in enumerate(self.queues):
+            if not q:
+                continue
+            if caps is None or fills is None:
+                caps = self.drain_rates.call_caps(self.call_messages)
+                fills = self.bounds() // 2
             cap = int(caps[w])
             if (q and not force and self.queued_n[w] < min(cap, fills[w])
                     and now - self.queued_at[w] < linger_s):

@@ -124,6 +124,21 @@ def union_idx(parts: Iterable[np.ndarray]) -> np.ndarray:
     return np.unique(np.concatenate(arrs)).astype(IDX_DTYPE, copy=False)
 
 
+def _isin(idx: np.ndarray, held: np.ndarray) -> np.ndarray:
+    """``np.isin(idx, held)`` for message indices (small, non-negative: a
+    position in a batch): a lookup in a mask over ``[0, max]`` instead of
+    ``isin``'s sort, about 5x faster on a sub-batch; ``np.isin`` itself for
+    anything else."""
+    if not len(idx) or not len(held):
+        return np.zeros(len(idx), dtype=bool)
+    hi = max(int(idx.max()), int(held.max())) + 1
+    if min(int(idx.min()), int(held.min())) < 0 or hi > 4 * (len(idx) + len(held)) + 4096:
+        return np.isin(idx, held)
+    mask = np.zeros(hi, dtype=bool)
+    mask[held] = True
+    return mask[idx]
+
+
 # ============================================================================ source
 
 
@@ -167,16 +182,20 @@ class Part:
         """One part for a worker's queued sub-batches (``Entry``), in order."""
         import pyarrow as pa
 
+        if len(entries) == 1:  # the common call: one sub-batch
+            e = entries[0]
+            tag = Tag(int(source), int(epoch), np.array([e.batch], dtype=np.int64),
+                      np.array([len(e.idx)], dtype=np.int64), e.idx, int(watermark))
+            # a copy, also of one entry: an entry may be a slice of a larger
+            # batch, and pickling a slice sends its parent's whole buffers
+            return cls(tag, pa.concat_batches([e.records]), e.hashes,
+                       np.array([e.emit_ts], dtype=np.float64))
         tag = Tag(int(source), int(epoch),
                   np.array([e.batch for e in entries], dtype=np.int64),
                   np.array([len(e.idx) for e in entries], dtype=np.int64),
-                  np.concatenate([e.idx for e in entries]) if len(entries) > 1
-                  else entries[0].idx, int(watermark))
-        # a copy, also of one entry: an entry may be a slice of a larger batch,
-        # and pickling a slice sends its parent's whole buffers
+                  np.concatenate([e.idx for e in entries]), int(watermark))
         records = pa.concat_batches([e.records for e in entries])
-        hashes = (np.concatenate([e.hashes for e in entries]) if len(entries) > 1
-                  else entries[0].hashes)
+        hashes = np.concatenate([e.hashes for e in entries])
         emit = np.array([e.emit_ts for e in entries], dtype=np.float64)
         return cls(tag, records, hashes, emit)
 
@@ -399,7 +418,8 @@ class ClaimLog:
         for b, idx in tag.segments():
             seen = by_batch.get(b)
             if seen:
-                dup = np.isin(idx, union_idx(c.idx for c in seen))
+                dup = _isin(idx, seen[0].idx if len(seen) == 1
+                            else np.concatenate([c.idx for c in seen]))
                 if dup.any():
                     dups.append(lo + np.flatnonzero(dup))
             lo += len(idx)

@@ -53,7 +53,7 @@ from typing import Any
 
 import numpy as np
 
-from runtime.dataflow.latency import LatencyHistogram
+from runtime.dataflow.latency import Binned, LatencyHistogram, binned
 from runtime.dataflow.messages import (
     Ack,
     WorkerFence,
@@ -175,9 +175,13 @@ class LoadMeter:
         self.q_msgs += d_msgs
         return now_rel
 
-    def served(self, n: int, t_start: float, t_end: float, latency_s: np.ndarray) -> None:
+    def served(self, n: int, t_start: float, t_end: float,
+               latency_s: np.ndarray | Binned | None) -> None:
         """A batch of ``n`` messages was in service from ``t_start`` to
-        ``t_end`` (clock times); ``latency_s`` per message."""
+        ``t_end`` (clock times); ``latency_s`` per message, or already counted
+        (``latency.binned``: the worker counts a call's latencies once)."""
+        if latency_s is not None and not isinstance(latency_s, tuple):
+            latency_s = binned(latency_s)
         s = self.slots
         rel_end = self.rel(t_end)
         k = s.slot_of(rel_end)
@@ -186,7 +190,7 @@ class LoadMeter:
         h = s.latency.get(k)
         if h is None:
             h = s.latency[k] = LatencyHistogram()
-        h.add(latency_s)
+        h.add_binned(latency_s)
         self.rate.served(n)
 
     def take_report(self) -> RateReport:
@@ -433,13 +437,14 @@ class WorkerCore:
             return
         t_end = self.clock()
         lat = _latencies(item, finish, t_end)
+        counted = binned(lat)  # once, for the slot's histogram and the total
         with self._lock:
-            self.load.served(item.n, t_start, t_end, lat)
-            self.latency.add(lat)
+            self.load.served(item.n, t_start, t_end, counted)
+            self.latency.add_binned(counted)
             self.processed += item.n
             self.batches += 1
         self._changed(-1, -item.n)
-        item.ack = self._ack(item, lat, t_end, applied_seq)
+        item.ack = self._ack(item, counted, t_end, applied_seq)
         item.parts = []
         item.done.set()
 
@@ -476,14 +481,16 @@ class WorkerCore:
                     flush_seq = self.claims.processed(p.tag)
         return flush_seq
 
-    def _ack(self, item: QueuedCall, lat: np.ndarray, t_end: float, flush_seq: int) -> Ack:
+    def _ack(self, item: QueuedCall, lat: Binned | None, t_end: float, flush_seq: int) -> Ack:
+        """``lat``: the call's latencies (``latency.binned``: their sum and max)."""
         signal = 0
         sig = self._signals.get(item.source)
         if sig is not None:
             with self._lock:
                 signal = sig.take_signal(self.load.last_t)
         return Ack(self.worker_id, item.n, signal,
-                   float(lat.sum()) if item.n else 0.0, float(lat.max()) if item.n else 0.0,
+                   lat[2] if item.n and lat is not None else 0.0,
+                   lat[3] if item.n and lat is not None else 0.0,
                    t_end, flush_seq, self.claims.committed_seq,
                    table=self._tables.take_new(item.source))
 
@@ -538,7 +545,7 @@ class WorkerCore:
 
     def pending(self) -> int:
         """Calls waiting in the queue (not the one in service)."""
-        return self._queue.qsize()
+        return len(self._queue.queue)  # ``qsize()`` without its lock: a deque's len is atomic
 
     def run_forever(self) -> None:
         """The processing thread: drain FIFO until ``stop()``. If it dies, every

@@ -30,6 +30,7 @@ import dataclasses
 import functools
 import itertools
 import math
+import operator
 import threading
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -67,8 +68,8 @@ class Deadlock(RuntimeError):
 
 class VirtualTime:
     """Threads taking turns on one virtual clock (see the module docstring).
-    The running thread hands over to the next by setting that thread's own
-    event (one wake-up per turn, not one per thread)."""
+    The running thread hands over to the next by releasing that thread's own
+    turn lock (one wake-up per turn, not one per thread)."""
 
     def __init__(self, t0: float = T0) -> None:
         self.now = t0
@@ -76,7 +77,11 @@ class VirtualTime:
         #: blocked threads in blocking order (a dict keeps insertion order):
         #: name -> (wake-up time, order, condition or None)
         self._blocked: dict[str, tuple[float, int, Callable[[], bool] | None]] = {}
-        self._turn: dict[str, threading.Event] = {}
+        #: those of them with a condition, in the same order (what ``_next`` scans)
+        self._waiting: dict[str, Callable[[], bool]] = {}
+        #: each thread's turn: a lock held while it must wait (a plain lock
+        #: hands over with one wake-up, without an Event's condition)
+        self._turn: dict[str, threading.Lock] = {}
         self._order = itertools.count()
         self._local = threading.local()
         self._threads: list[threading.Thread] = []
@@ -98,12 +103,12 @@ class VirtualTime:
         return ready()
 
     def spawn(self, name: str, fn: Callable[[], Any]) -> None:
-        turn = self._turn[name] = threading.Event()
+        turn = self._turn[name] = threading.Lock()
+        turn.acquire()  # held while the thread may not run: ``_next`` releases it
 
         def body() -> None:
             self._local.name = name
-            turn.wait()
-            turn.clear()
+            turn.acquire()
             try:
                 if self.error is None:
                     fn()
@@ -136,9 +141,10 @@ class VirtualTime:
         turn = self._turn[me]
         with self._lock:
             self._blocked[me] = (wake, next(self._order), ready)
+            if ready is not None:
+                self._waiting[me] = ready
             self._next()
-        turn.wait()
-        turn.clear()
+        turn.acquire()
         if self.error is not None:
             raise _Stop()
 
@@ -146,12 +152,16 @@ class VirtualTime:
         """Pick who runs next and wake it (the caller holds the lock): the
         first blocked thread whose condition holds, else the earliest wake-up."""
         pick = None
-        for name, (_, _, ready) in self._blocked.items():
-            if ready is not None and (self.error is not None or ready()):
-                pick = name
-                break
+        if self.error is None:
+            for name, ready in self._waiting.items():
+                if ready():
+                    pick = name
+                    break
+        elif self._waiting:
+            pick = next(iter(self._waiting))
         if pick is None and self._blocked:
-            pick, (wake, _, _) = min(self._blocked.items(), key=lambda x: x[1][:2])
+            # (wake-up, order): the orders are distinct, so the conditions are never compared
+            pick, (wake, _, _) = min(self._blocked.items(), key=operator.itemgetter(1))
             if math.isinf(wake):
                 if self.error is None:
                     self.error = Deadlock(f"every thread waits: {sorted(self._blocked)}")
@@ -159,7 +169,8 @@ class VirtualTime:
                 self.now = max(self.now, wake)
         if pick is not None:
             del self._blocked[pick]
-            self._turn[pick].set()
+            self._waiting.pop(pick, None)
+            self._turn[pick].release()
 
 
 class _Stop(BaseException):
@@ -182,11 +193,18 @@ class _Transport:
         return tok
 
     def wait(self, tokens: Sequence[int], timeout: float | None) -> list[tuple[int, Any]]:
-        def done() -> list[int]:
-            return [t for t in tokens if self.calls[t].done.is_set()]
+        calls = [(t, self.calls[t]) for t in tokens]
+        done_flags = [c.done.is_set for _, c in calls]
 
-        self.vt.wait_until(lambda: bool(done()), timeout)
-        return [(t, self.calls.pop(t).ack) for t in done()]
+        def ready() -> bool:  # (checked on every hand-over while this source waits)
+            for is_set in done_flags:
+                if is_set():
+                    return True
+            return False
+
+        self.vt.wait_until(ready, timeout)
+        done = [t for t, c in calls if c.done.is_set()]
+        return [(t, self.calls.pop(t).ack) for t in done]
 
 
 class _Control:

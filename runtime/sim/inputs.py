@@ -61,13 +61,14 @@ class SimInput:
 
     def records(self, idx: np.ndarray) -> pa.RecordBatch:
         """Messages ``idx`` as the workers get them: ``key`` + the app's columns."""
-        sel = pa.array(np.asarray(idx, dtype=np.int64))
         cols = {"key": self.keys.take(pa.array(self.key_ids[idx].astype(np.int64)))}
         if self.label_ids is not None and self.labels is not None:
             lab = self.labels.take(pa.array(self.label_ids[idx].astype(np.int64)))
             cols["label"] = lab.cast(pa.int64())
-        for name, col in (self.columns or {}).items():
-            cols[name] = col.take(sel)
+        if self.columns:
+            sel = pa.array(np.asarray(idx, dtype=np.int64))
+            for name, col in self.columns.items():
+                cols[name] = col.take(sel)
         return pa.record_batch(cols)
 
     @property
