@@ -223,17 +223,17 @@ def test_scenarios() -> None:
     assert r.shift_every % (r.messages // 8) == 0
 
 
-def test_cg_recovers_from_a_sudden_slowdown_kg_does_not(tmp_path: Path) -> None:
+def test_acg_recovers_from_a_sudden_slowdown_kg_does_not(tmp_path: Path) -> None:
     out = tmp_path / "rec"
-    assert sr.main(["--scenarios", "slowdown", "--schemes", "kg,cg", "--workers", "4",
+    assert sr.main(["--scenarios", "slowdown", "--schemes", "kg,acg", "--workers", "4",
                     "--phase-s", "5", "--service-us", "200", "--keys", "1000",
                     "--sources", "1", "--no-progress", "--out", str(out)]) == 0
     df = pd.read_csv(out / "recovery.csv").set_index("scheme")
-    assert df.loc["cg", "before"] > 0.9 and df.loc["kg", "before"] < df.loc["cg", "before"]
-    assert df.loc["cg", "recovery_s"] == df.loc["cg", "recovery_s"]  # a number
-    assert 0 < df.loc["cg", "recovery_s"] < 10
+    assert df.loc["acg", "before"] > 0.9 and df.loc["kg", "before"] < df.loc["acg", "before"]
+    assert df.loc["acg", "recovery_s"] == df.loc["acg", "recovery_s"]  # a number
+    assert 0 < df.loc["acg", "recovery_s"] < 10
     assert np.isnan(df.loc["kg", "recovery_s"])  # never
-    assert df.loc["kg", "level"] < 0.5 < df.loc["cg", "level"]
+    assert df.loc["kg", "level"] < 0.5 < df.loc["acg", "level"]
     md = (out / "recovery.md").read_text()
     assert "| kg | never (" in md
     assert (out / "recovery-sim.png").stat().st_size > 0

@@ -17,11 +17,15 @@ does, the clock jumps to the earliest wake-up. So sources and workers run in
 parallel in virtual time, each as its own process would, and a run is a
 function of its topology and seed: the same report numbers, every time.
 
-What it models as the real engine does: everything inside the cores.
-Throttling is modelled as service time scaled by the capacity of the moment
-(every ``workers.throttle`` mechanism alike); a call
-from a source reaches its worker at once and an ack its source at once (the
-CPU a call costs the source is modelled, Ray's network is not).
+What it models as the real engine does: everything inside the cores, and
+the throttle. ``workers.throttle: duty-cycle`` (and ``cpulimit``, a duty
+cycle too) stops and continues a slow worker as ``actors.throttle`` does: every
+0.1 s it runs for its capacity's share of the period, then stays stopped to
+the period's end (``DutyCycle``: the stopped seconds the worker's service
+emulator reads, as from the real throttler's ``StoppedClock``); ``service``
+scales the service time by the capacity. A call from a source reaches its
+worker at once and an ack its source at once (the CPU a call costs the
+source is modelled, Ray's network is not).
 """
 
 from __future__ import annotations
@@ -247,6 +251,69 @@ def _shards(inp: SimInput, sources: int, batch: int, block_rows: int) -> list[li
     return out
 
 
+#: the duty-cycle throttler's period (``actors.throttle.DutyCycleThrottler``)
+THROTTLE_PERIOD_S = 0.1
+
+
+class DutyCycle:
+    """One worker under a SIGSTOP/SIGCONT duty cycle on the virtual clock:
+    period ``k`` starts at ``t0 + k * period_s``; the worker runs for its
+    capacity at that moment times ``period_s``, then stays stopped to the
+    period's end (a capacity of 1: never stopped). ``sleep(d)`` returns when
+    the worker has run ``d`` seconds (a stopped process's sleep does not end);
+    calling it gives the seconds stopped since ``t0`` (what
+    ``actors.throttle.StoppedClock`` publishes for a real worker), so the
+    service emulator counts the stops out of its service time."""
+
+    def __init__(self, caps: Capacities, worker: int, t0: float, vt: VirtualTime,
+                 period_s: float = THROTTLE_PERIOD_S) -> None:
+        self.t0, self.vt, self.period_s = t0, vt, float(period_s)
+        #: (first period, capacity) from it on, in order
+        self.steps = [(0, float(caps.initial[worker]))] + [
+            (math.ceil(at / self.period_s - 1e-9), float(c))
+            for at, w, c in caps.changes if w == worker]
+
+    def __call__(self) -> float:
+        return self.stopped(self.vt.now - self.t0)
+
+    def sleep(self, seconds: float) -> None:
+        self.vt.sleep(self.running_for(self.vt.now - self.t0, seconds))
+
+    def capacity(self, k: int) -> float:
+        """The capacity of period ``k``."""
+        cap = self.steps[0][1]
+        for first, c in self.steps:
+            if first > k:
+                break
+            cap = c
+        return cap
+
+    def running_for(self, t: float, seconds: float) -> float:
+        """From ``t``: the wall seconds in which the worker runs ``seconds``."""
+        p, left, at = self.period_s, max(0.0, float(seconds)), t
+        while True:
+            k = max(0, math.floor(at / p + 1e-9))
+            on_end = (k + self.capacity(k)) * p
+            if at < on_end:
+                if left <= on_end - at:
+                    return at + left - t
+                left -= on_end - at
+            at = (k + 1) * p
+
+    def stopped(self, t: float) -> float:
+        """Seconds stopped in ``[0, t)``."""
+        p = self.period_s
+        k = max(0, math.floor(t / p + 1e-9))  # periods wholly before t (the k-th holds t)
+        total, cap = 0.0, self.steps[0][1]
+        for i, (first, c) in enumerate(self.steps):
+            if first > k:
+                break
+            last = self.steps[i + 1][0] if i + 1 < len(self.steps) else k
+            total += max(0, min(last, k) - first) * (1.0 - c) * p
+            cap = c
+        return total + max(0.0, t - k * p - cap * p)
+
+
 #: a simulated worker's input queue, in calls: never full (a call reaches its
 #: worker at once; the sources' in-flight windows bound what waits)
 SIM_QUEUE_BATCHES = 1 << 20
@@ -254,13 +321,14 @@ SIM_QUEUE_BATCHES = 1 << 20
 
 def core_settings(topo: Topology, coordinator: Any) -> CoreSettings:
     """What the simulated cores are built from: the real engine's settings
-    (``actors.pipeline.core_settings``), but for the workers' throttle -
-    every mechanism is modelled as service time scaled by the capacity - and
-    their queue (``SIM_QUEUE_BATCHES``; the utilization's denominator stays
-    the topology's)."""
+    (``actors.pipeline.core_settings``), but for the workers' queue
+    (``SIM_QUEUE_BATCHES``; the utilization's denominator stays the
+    topology's) and their throttle: ``cpulimit`` is simulated as the duty
+    cycle it is (``DutyCycle``)."""
     settings = CoreSettings.from_topology(topo, coordinator)
     return dataclasses.replace(settings, workers=tuple(
-        dataclasses.replace(w, throttle="service", queue_batches=SIM_QUEUE_BATCHES)
+        dataclasses.replace(w, throttle="service" if w.throttle == "service" else "duty-cycle",
+                            queue_batches=SIM_QUEUE_BATCHES)
         for w in settings.workers))
 
 
@@ -288,9 +356,12 @@ def simulate_cores(topo: Topology, inp: SimInput, *, block_rows: int | None = No
 
     t0 = vt.now
     for w in range(n):
+        duty = (None if settings.workers[w].throttle == "service"
+                else DutyCycle(caps, w, t0, vt))
         workers.append(WorkerCore(w, WorkerApp(settings.aggregator.operator()),
                                   settings.workers[w], sink=sink(w), t0=t0, clock=vt.clock,
-                                  sleep=vt.sleep))
+                                  sleep=vt.sleep if duty is None else duty.sleep,
+                                  stopped_clock=duty))
     for core in workers:  # virtual time needs no slicing: one sleep per call
         core.service.slice_s = math.inf
     agg.start_run(t0)

@@ -149,13 +149,29 @@ def test_naive_bayes_and_heavy_hitters_results() -> None:
 
 @pytest.mark.parametrize("capacity, sources", [(0.5, 1), (0.3, 3), (1.0, 2)])
 def test_single_worker_runs_at_its_capacity(capacity: float, sources: int) -> None:
-    r = sim(topo("kg", sources=sources,
-                      workers={"count": 1, "capacity": capacity, "service_us": 100}))
+    r = sim(topo("kg", sources=sources, workers={"count": 1, "capacity": capacity,
+                                                 "service_us": 100, "throttle": "service"}))
     rep = r.report
     want = capacity * 1e6 / 100  # virtual time: exact but for the first call's routing
     assert rep["throughput_msgs_per_s"] == pytest.approx(want, rel=1e-3)
     assert rep["capacity_efficiency"] == pytest.approx(1.0, rel=1e-3)
     assert rep["workers"][0]["busy_fraction"] == pytest.approx(1.0, rel=1e-2)
+
+
+def test_a_duty_cycle_stops_and_continues_a_slow_worker() -> None:
+    """workers.throttle duty-cycle (the default): every 0.1 s the worker runs
+    for capacity x 0.1 s, then is stopped to the period's end, as the real
+    throttler does; the rate is still its capacity's."""
+    r = sim(topo("kg", sources=1, workers={"count": 1, "capacity": 0.3, "service_us": 100}))
+    rep = r.report
+    d = rep["duration_s"]
+    assert rep["throughput_msgs_per_s"] == pytest.approx(3_000, rel=0.02)
+    assert rep["workers"][0]["stopped_s"] == pytest.approx(0.7 * d, abs=0.1)
+    # a message that arrives as its worker is stopped waits up to 70 ms more
+    scaled = sim(topo("kg", sources=1, workers={"count": 1, "capacity": 0.3, "service_us": 100,
+                                                "throttle": "service"})).report
+    assert scaled["workers"][0]["stopped_s"] == 0.0
+    assert scaled["duration_s"] == pytest.approx(d, rel=0.03)
 
 
 def test_capacity_change_takes_effect_at_its_time() -> None:
