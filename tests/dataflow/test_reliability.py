@@ -9,6 +9,8 @@ import collections
 import numpy as np
 import pyarrow as pa
 from conftest import FakeTime
+from hypothesis import given, settings
+from hypothesis import strategies as hs
 
 from runtime.dataflow.aggregator import AggregatorCore
 from runtime.dataflow.messages import CommitAnswer, CommittedClaims, Verdict, WorkerFence
@@ -23,6 +25,7 @@ from runtime.dataflow.reliability import (
     ResumePlan,
     Tag,
     WorkerLost,
+    _isin,
     resume_plan,
 )
 from runtime.dataflow.settings import AggregatorSettings, SourceSettings, WorkerSettings
@@ -395,3 +398,15 @@ def test_a_resume_plan_fences_a_dead_worker_before_it_reads_the_commits() -> Non
     assert calls == ["fence 1", "claims"]
     assert agg.commit(late).verdict is Verdict.FENCED  # its late flush can no longer count
     assert plan.claimed == {}  # so re-sending all of batch 0 counts it once
+
+
+@settings(max_examples=300, deadline=None)
+@given(hs.lists(hs.integers(-5, 70_000), max_size=60),
+       hs.lists(hs.integers(-5, 70_000), max_size=60))
+def test_duplicate_lookup_equals_numpys_isin(idx: list[int], held: list[int]) -> None:
+    """``ClaimLog.filter_new``'s lookup (a mask over small message indices,
+    ``np.isin`` otherwise) answers as ``np.isin`` does."""
+    a, b = np.array(idx, dtype=np.int32), np.array(held, dtype=np.int32)
+    np.testing.assert_array_equal(_isin(a, b), np.isin(a, b))
+    small_a, small_b = np.abs(a) % 700, np.abs(b) % 700  # the mask's own range
+    np.testing.assert_array_equal(_isin(small_a, small_b), np.isin(small_a, small_b))
