@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import gc
 import json
 import logging
 import os
@@ -196,7 +197,22 @@ def engine_session(app_name: str, address: str | None = None, *,
             spark_input.stop_spark()
         finally:
             if ray.is_initialized():
-                ray.shutdown()
+                shutdown_ray()
+
+
+def shutdown_ray() -> None:
+    """``ray.shutdown()`` with no garbage collection beside it. An ``ObjectRef``
+    or actor handle freed by another thread (the plot drawn meanwhile, any
+    thread whose allocation triggers the cyclic collector) between Ray's
+    shutting down its core worker and forgetting it makes Ray end the
+    whole process with exit code 1 ("core worker already shutdown"). So the
+    cycles are collected first, and the collector is off until Ray is gone."""
+    gc.collect()
+    gc.disable()
+    try:
+        ray.shutdown()
+    finally:
+        gc.enable()
 
 
 class RayEngine:
