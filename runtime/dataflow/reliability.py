@@ -39,6 +39,7 @@ next), the aggregated result counts every input message exactly once.
 from __future__ import annotations
 
 import collections
+import functools
 import heapq
 import itertools
 from collections.abc import Iterable, Iterator, Sequence
@@ -243,12 +244,25 @@ class Entry:
                    + (0 if self.vws is None else self.vws.nbytes))
 
 
-def take(records: Any, sel: np.ndarray) -> Any:
-    """Rows ``sel`` of a record batch, as a new (compact) record batch: never a
-    zero-copy slice, which would pickle the parent's whole buffers."""
+def take(records: Any, sel: Any) -> Any:
+    """Rows ``sel`` (a numpy or Arrow integer array) of a record batch, as a new
+    (compact) record batch: never a zero-copy slice, which would pickle the
+    parent's whole buffers. (Arrow's ``take`` kernel called directly:
+    ``records.take`` goes through ``pyarrow.compute``'s wrapper, twice the
+    cost on a sub-batch.)"""
     import pyarrow as pa
 
-    return records.take(pa.array(np.asarray(sel, dtype=np.int64)))
+    if not isinstance(sel, pa.Array):
+        sel = pa.array(np.asarray(sel, dtype=np.int64))
+    return _take_kernel().call([records, sel])
+
+
+@functools.cache
+def _take_kernel() -> Any:
+    """Arrow's ``take`` (default options: bounds checked, as ``RecordBatch.take``)."""
+    import pyarrow.compute as pc
+
+    return pc.get_function("take")
 
 
 class ReplayLog:
