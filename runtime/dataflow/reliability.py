@@ -39,6 +39,7 @@ next), the aggregated result counts every input message exactly once.
 from __future__ import annotations
 
 import collections
+import functools
 import heapq
 import itertools
 from collections.abc import Iterable, Iterator, Sequence
@@ -124,6 +125,11 @@ def union_idx(parts: Iterable[np.ndarray]) -> np.ndarray:
     return np.unique(np.concatenate(arrs)).astype(IDX_DTYPE, copy=False)
 
 
+def _cat(arrays: list[np.ndarray]) -> np.ndarray:
+    """``arrays`` one after the other (one array: itself, not a copy)."""
+    return arrays[0] if len(arrays) == 1 else np.concatenate(arrays)
+
+
 def _isin(idx: np.ndarray, held: np.ndarray) -> np.ndarray:
     """``np.isin(idx, held)`` for message indices (small, non-negative: a
     position in a batch): a lookup in a mask over ``[0, max]`` instead of
@@ -179,25 +185,19 @@ class Part:
 
     @classmethod
     def join(cls, source: int, epoch: int, watermark: int, entries: Sequence[Entry]) -> Part:
-        """One part for a worker's queued sub-batches (``Entry``), in order."""
+        """One part for a worker's queued sub-batches (``Entry``), in order.
+        The records are copied, also for one entry (the common call): an entry
+        may be a slice of a larger batch, and pickling a slice sends its
+        parent's whole buffers; one entry's arrays are taken as they are."""
         import pyarrow as pa
 
-        if len(entries) == 1:  # the common call: one sub-batch
-            e = entries[0]
-            tag = Tag(int(source), int(epoch), np.array([e.batch], dtype=np.int64),
-                      np.array([len(e.idx)], dtype=np.int64), e.idx, int(watermark))
-            # a copy, also of one entry: an entry may be a slice of a larger
-            # batch, and pickling a slice sends its parent's whole buffers
-            return cls(tag, pa.concat_batches([e.records]), e.hashes,
-                       np.array([e.emit_ts], dtype=np.float64))
         tag = Tag(int(source), int(epoch),
                   np.array([e.batch for e in entries], dtype=np.int64),
                   np.array([len(e.idx) for e in entries], dtype=np.int64),
-                  np.concatenate([e.idx for e in entries]), int(watermark))
-        records = pa.concat_batches([e.records for e in entries])
-        hashes = np.concatenate([e.hashes for e in entries])
-        emit = np.array([e.emit_ts for e in entries], dtype=np.float64)
-        return cls(tag, records, hashes, emit)
+                  _cat([e.idx for e in entries]), int(watermark))
+        return cls(tag, pa.concat_batches([e.records for e in entries]),
+                   _cat([e.hashes for e in entries]),
+                   np.array([e.emit_ts for e in entries], dtype=np.float64))
 
     @classmethod
     def of(cls, keys: Any, emit_ts: float = 0.0, tag: Tag | None = None,
@@ -244,12 +244,25 @@ class Entry:
                    + (0 if self.vws is None else self.vws.nbytes))
 
 
-def take(records: Any, sel: np.ndarray) -> Any:
-    """Rows ``sel`` of a record batch, as a new (compact) record batch: never a
-    zero-copy slice, which would pickle the parent's whole buffers."""
+def take(records: Any, sel: Any) -> Any:
+    """Rows ``sel`` (a numpy or Arrow integer array) of a record batch, as a new
+    (compact) record batch: never a zero-copy slice, which would pickle the
+    parent's whole buffers. (Arrow's ``take`` kernel called directly:
+    ``records.take`` goes through ``pyarrow.compute``'s wrapper, twice the
+    cost on a sub-batch.)"""
     import pyarrow as pa
 
-    return records.take(pa.array(np.asarray(sel, dtype=np.int64)))
+    if not isinstance(sel, pa.Array):
+        sel = pa.array(np.asarray(sel, dtype=np.int64))
+    return _take_kernel().call([records, sel])
+
+
+@functools.cache
+def _take_kernel() -> Any:
+    """Arrow's ``take`` (default options: bounds checked, as ``RecordBatch.take``)."""
+    import pyarrow.compute as pc
+
+    return pc.get_function("take")
 
 
 class ReplayLog:

@@ -495,24 +495,30 @@ class SourceCore:
         per_worker = counts.sum(axis=1)
         ends = np.cumsum(per_worker)
         pos = _concat([p for _, p, _ in batches])
+        order_arrow = pa.array(order)  # each worker's take: a slice of it
         out = []
-        for w in np.flatnonzero(per_worker):
-            sel = order[ends[w] - per_worker[w]:ends[w]]
-            recs, hs, ps = take(records, sel), hashes[sel], pos[sel]
+        # (the loop runs per worker and batch: plain ints, not numpy scalars)
+        for w, (row, n, end) in enumerate(zip(counts.tolist(), per_worker.tolist(),
+                                              ends.tolist(), strict=True)):
+            if not n:
+                continue
+            sel = order[end - n:end]
+            recs, hs, ps = take(records, order_arrow.slice(end - n, n)), hashes[sel], pos[sel]
             vv = None if vws is None else vws[sel]
-            whole = np.count_nonzero(counts[w]) == 1  # one entry: no slicing
+            cols = [j for j, c in enumerate(row) if c]
+            whole = len(cols) == 1  # one entry: no slicing
             off = 0
-            for j in np.flatnonzero(counts[w]):
-                c = int(counts[w, j])
-                b, _, emit = batches[int(j)]
+            for j in cols:
+                c = row[j]
+                b, _, emit = batches[j]
                 e = self.log.add(Entry(
-                    int(w), b, ps[off:off + c], recs if whole else recs.slice(off, c),
+                    w, b, ps[off:off + c], recs if whole else recs.slice(off, c),
                     hs[off:off + c], emit, replay=replay,
                     vws=None if vv is None else vv[off:off + c]))
                 self.outboxes.queue(e)
                 out.append(e)
                 off += c
-            self.sent_per_worker[w] += int(per_worker[w])
+        self.sent_per_worker += per_worker
         self.retained_peak = max(self.retained_peak, self.log.messages)
         self.retained_peak_bytes = max(self.retained_peak_bytes, self.log.nbytes)
         return out

@@ -175,13 +175,10 @@ class LoadMeter:
         self.q_msgs += d_msgs
         return now_rel
 
-    def served(self, n: int, t_start: float, t_end: float,
-               latency_s: np.ndarray | Binned | None) -> None:
+    def served(self, n: int, t_start: float, t_end: float, latency: Binned | None) -> None:
         """A batch of ``n`` messages was in service from ``t_start`` to
-        ``t_end`` (clock times); ``latency_s`` per message, or already counted
+        ``t_end`` (clock times); ``latency``: their latencies, counted
         (``latency.binned``: the worker counts a call's latencies once)."""
-        if latency_s is not None and not isinstance(latency_s, tuple):
-            latency_s = binned(latency_s)
         s = self.slots
         rel_end = self.rel(t_end)
         k = s.slot_of(rel_end)
@@ -190,7 +187,7 @@ class LoadMeter:
         h = s.latency.get(k)
         if h is None:
             h = s.latency[k] = LatencyHistogram()
-        h.add_binned(latency_s)
+        h.add_binned(latency)
         self.rate.served(n)
 
     def take_report(self) -> RateReport:

@@ -30,6 +30,7 @@ source is modelled, Ray's network is not).
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 import functools
 import itertools
@@ -268,10 +269,12 @@ class DutyCycle:
     def __init__(self, caps: Capacities, worker: int, t0: float, vt: VirtualTime,
                  period_s: float = THROTTLE_PERIOD_S) -> None:
         self.t0, self.vt, self.period_s = t0, vt, float(period_s)
-        #: (first period, capacity) from it on, in order
+        #: (first period, capacity) from it on, in order (``caps.changes`` is sorted)
         self.steps = [(0, float(caps.initial[worker]))] + [
             (math.ceil(at / self.period_s - 1e-9), float(c))
             for at, w, c in caps.changes if w == worker]
+        self._firsts = [first for first, _ in self.steps]
+        self._caps = [c for _, c in self.steps]
 
     def __call__(self) -> float:
         return self.stopped(self.vt.now - self.t0)
@@ -280,13 +283,8 @@ class DutyCycle:
         self.vt.sleep(self.running_for(self.vt.now - self.t0, seconds))
 
     def capacity(self, k: int) -> float:
-        """The capacity of period ``k``."""
-        cap = self.steps[0][1]
-        for first, c in self.steps:
-            if first > k:
-                break
-            cap = c
-        return cap
+        """The capacity of period ``k`` (that of the last step starting at or before it)."""
+        return self._caps[max(0, bisect.bisect_right(self._firsts, k) - 1)]
 
     def running_for(self, t: float, seconds: float) -> float:
         """From ``t``: the wall seconds in which the worker runs ``seconds``."""

@@ -25,6 +25,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from runtime.dataflow.reliability import take
 from runtime.hashing import hash_keys
 from runtime.inputs import generators
 from runtime.inputs.input_check import (
@@ -61,9 +62,9 @@ class SimInput:
 
     def records(self, idx: np.ndarray) -> pa.RecordBatch:
         """Messages ``idx`` as the workers get them: ``key`` + the app's columns."""
-        cols = {"key": self.keys.take(pa.array(self.key_ids[idx].astype(np.int64)))}
+        cols = {"key": take(self.keys, self.key_ids[idx])}
         if self.label_ids is not None and self.labels is not None:
-            lab = self.labels.take(pa.array(self.label_ids[idx].astype(np.int64)))
+            lab = take(self.labels, self.label_ids[idx])
             cols["label"] = lab.cast(pa.int64())
         if self.columns:
             sel = pa.array(np.asarray(idx, dtype=np.int64))

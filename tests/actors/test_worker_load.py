@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 from conftest import FakeTime
 
+from runtime.dataflow.latency import binned
 from runtime.dataflow.worker import FlushCadence, LoadMeter, SourceSignals, TableRelay
 from runtime.grouping.acg import FIRST_PLAN_S
 from runtime.grouping.coordination import RateReport
@@ -50,8 +51,8 @@ def test_served_batches_count_in_the_slot_they_end_in(fake_time) -> None:
     ft = fake_time
     m = meter(ft, slot_s=1.0)
     t = ft.t
-    m.served(10, t + 0.5, t + 1.25, np.full(10, 0.01))  # busy across a slot boundary
-    m.served(5, t + 1.5, t + 1.75, np.full(5, 0.02))
+    m.served(10, t + 0.5, t + 1.25, binned(np.full(10, 0.01)))  # busy across a slot boundary
+    m.served(5, t + 1.5, t + 1.75, binned(np.full(5, 0.02)))
     s = m.series(1.9)
     assert s.processed == [0, 15]
     assert s.busy == pytest.approx([0.5, 0.5])
@@ -85,7 +86,7 @@ def test_rate_report_counts_time_with_work_only(fake_time) -> None:
     ft.sleep(1.0)  # idle
     m.change(+1, 10)
     ft.sleep(0.5)
-    m.served(10, ft.t - 0.5, ft.t, np.zeros(10))
+    m.served(10, ft.t - 0.5, ft.t, binned(np.zeros(10)))
     m.change(-1, -10)
     ft.sleep(1.0)  # idle again
     first = m.take_report()
