@@ -102,44 +102,6 @@ def _install_load_code_fix() -> None:
     raydp_dataset._fetch_arrow_table_from_executor = _fetch_and_reset
 
 
-def _install_gateway_prelaunch() -> None:
-    """Start Spark's driver JVM beside RayDP's master instead of after it.
-
-    ``raydp.init_spark`` first starts its master (a Ray actor that starts a
-    JVM of its own and waits for it), then pyspark launches the driver JVM
-    (``spark-submit``), each a few seconds on 2 cores and neither using the
-    other. The driver JVM needs only the Spark settings RayDP has prepared by
-    then (its jars, Java options), not the master's address: it is launched
-    in a thread while the master starts, with those settings, and pyspark's
-    ``SparkContext`` finds it launched. A launch that fails there is left
-    for pyspark to retry and report. Idempotent."""
-    from pyspark import SparkConf, SparkContext
-    from raydp.spark import ray_cluster
-
-    original = ray_cluster.SparkCluster._set_up_master
-    if getattr(original, "_hetero_prelaunch", False):
-        return
-
-    def set_up_master(self: Any, resources: Any, kwargs: Any) -> None:
-        conf = SparkConf(loadDefaults=False)  # no JVM yet: plain settings
-        for k, v in self._configs.items():
-            conf.set(k, v)
-
-        def launch() -> None:
-            with contextlib.suppress(Exception):  # pyspark launches (and reports) again
-                SparkContext._ensure_initialized(conf=conf)
-
-        driver = threading.Thread(target=launch, name="spark-driver-jvm", daemon=True)
-        driver.start()
-        try:
-            original(self, resources, kwargs)
-        finally:
-            driver.join()
-
-    set_up_master._hetero_prelaunch = True  # type: ignore[attr-defined]
-    ray_cluster.SparkCluster._set_up_master = set_up_master
-
-
 def preload() -> None:
     """Import what ``start_spark`` needs (pyspark's SQL side, RayDP, Ray
     Data): run in a thread while Ray starts. A failure is left for
@@ -245,7 +207,6 @@ def start_spark(app_name: str = "hetero-stream", executor_memory: str = "1GB",
         import raydp
 
         _install_load_code_fix()
-        _install_gateway_prelaunch()
         # pyspark takes the executors' Python from the driver's PYSPARK_PYTHON
         # (default "python3" on PATH, which lacks our packages); RayDP's
         # driver is not started by spark-submit, so spark.pyspark.python alone
