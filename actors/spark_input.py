@@ -64,6 +64,13 @@ _OPENS_PKGS = (
 JAVA17_OPTIONS = " ".join(f"--add-opens=java.base/{p}=ALL-UNNAMED" for p in _OPENS_PKGS) + (
     " -Djdk.reflect.useDirectMethodHandle=false"
 )
+#: the JVMs that plan and schedule (Spark's driver, RayDP's master) but do not
+#: compute: only the quick JIT tier and one GC thread. Their start-up and first
+#: jobs are mostly JIT work competing for the same cores as everything else:
+#: measured on 2 cores, `make demo`'s first message came 4-7 s sooner
+#: (docs/benchmarks.md, "JIT"). The executors keep the full JIT: they convert
+#: the data.
+PLANNER_JVM_OPTIONS = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
 
 _lock = threading.Lock()
 _session: Any = None
@@ -214,8 +221,8 @@ def start_spark(app_name: str = "hetero-stream", executor_memory: str = "1GB",
         os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
         configs = {
             "spark.executor.extraJavaOptions": JAVA17_OPTIONS,
-            "spark.driver.extraJavaOptions": JAVA17_OPTIONS,
-            "spark.ray.raydp_app_master.extraJavaOptions": JAVA17_OPTIONS,
+            "spark.driver.extraJavaOptions": f"{JAVA17_OPTIONS} {PLANNER_JVM_OPTIONS}",
+            "spark.ray.raydp_app_master.extraJavaOptions": f"{JAVA17_OPTIONS} {PLANNER_JVM_OPTIONS}",
             "spark.ui.showConsoleProgress": "false",
             "spark.ui.enabled": "false",
             # mapInArrow/generators must run with this interpreter (our venv)
