@@ -129,10 +129,8 @@ def ray_notices_to(path: str | os.PathLike[str] | None) -> Iterator[None]:
 def engine_session(app_name: str, address: str | None = None, *,
                    topo: Topology | None = None, spark: SparkSizing | None = None,
                    log_file: str | os.PathLike[str] | None = None) -> Iterator[Any]:
-    """Ray (local, or the cluster at ``address``) and a RayDP Spark session,
-    yielded while it starts (a ``spark_input.SparkStarting``: ``get()``
-    waits for it) so that the caller starts its actors meanwhile; both are
-    shut down on every exit path (SIGTERM included).
+    """Ray (local, or the cluster at ``address``) and a RayDP Spark session;
+    both are shut down on every exit path (SIGTERM included).
 
     ``topo``: checked against the cluster right after ``ray.init``, before
     Spark starts (a ``placement`` no node can serve -> ``TopologyError``).
@@ -182,18 +180,13 @@ def engine_session(app_name: str, address: str | None = None, *,
         if topo is not None:  # before anything else is printed: one line, exit 2
             cluster.check_placement(topo, spark_cpus=sizing.cpus)
         _announce(ctx, log_file)
-
-        def spark_up(started: float, up: float) -> None:
-            phases.startup_step("spark", started, up)
-            phases.engine_ready(up)  # the first run's start-up ends here
-
-        # Spark and RayDP start beside the run's actors (the caller creates
-        # them at once; its input waits for the session): ~10 s on 2 cores
-        # that leave CPU idle, waiting on the JVMs
-        session = spark_input.SparkStarting(
-            spark_up, before=preload.join, app_name=app_name,
-            executor_memory=sizing.memory, num_executors=sizing.executors,
-            executor_cores=sizing.cores, extra_configs=dict(sizing.conf), log_file=log_file)
+        preload.join()
+        t_spark = time.time()
+        session = spark_input.start_spark(app_name=app_name, executor_memory=sizing.memory,
+                                          num_executors=sizing.executors,
+                                          executor_cores=sizing.cores,
+                                          extra_configs=dict(sizing.conf), log_file=log_file)
+        phases.startup_step("spark", t_spark)
         if warming is not None:
             warming.wait()
         yield session
@@ -233,28 +226,24 @@ class RayEngine:
                  log_file: str | os.PathLike[str] | None = None) -> None:
         self.app_name, self.address, self.topo, self.sizing = app_name, address, topo, spark
         self.log_file = log_file
-        self._spark: Any = None  # the session, or a SparkStarting
+        self.spark: Any = None
         #: the last run's ``phases`` clock (``runtime.reporting.phases``)
         self.clock: phases.RunClock | None = None
         self._session = contextlib.ExitStack()
 
-    @property
-    def spark(self) -> Any:
-        """The Spark session (waited for while it starts); None outside the ``with``."""
-        return spark_input.ready(self._spark)
-
     def __enter__(self) -> RayEngine:
         if ray.is_initialized() and spark_input.session_cpus() > 0:
-            self._spark = spark_input.start_spark()  # (returns the running one)
+            self.spark = spark_input.start_spark()  # (returns the running one)
         else:
-            self._spark = self._session.enter_context(engine_session(
+            self.spark = self._session.enter_context(engine_session(
                 self.app_name, self.address, topo=self.topo, spark=self.sizing,
                 log_file=self.log_file))
+            phases.engine_ready()  # the first run's start-up ends here
         return self
 
     def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> None:
-        self._spark = None
+        self.spark = None
         self._session.__exit__(kind, exc, tb)
 
     @contextlib.contextmanager
@@ -293,7 +282,7 @@ class RayEngine:
         # Spark's answer is taken before the stream: a failure during the run (a
         # node, Spark's executor with it) cannot take it away (docs/cluster.md)
         ref = spark_reference(topo, data) if verify and not live else None
-        report = run_with_restarts(topo, out, self._spark, progress=progress, log=log,
+        report = run_with_restarts(topo, out, self.spark, progress=progress, log=log,
                                    resume=resume, df=None if live else data, plot=plot,
                                    clock=clock)
         if verify:

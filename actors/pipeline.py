@@ -52,7 +52,7 @@ from actors import stream_input as stream_mod
 from actors import telemetry
 from actors import throttle as throttle_mod
 from actors import worker as worker_mod
-from actors.spark_input import FeedLoad, feed_load, ready, session_cpus
+from actors.spark_input import FeedLoad, feed_load, session_cpus
 from runtime.dataflow import checkpoint as ckpt_mod
 from runtime.dataflow import settings as settings_mod
 from runtime.placement import actor_options
@@ -362,9 +362,7 @@ def run_pipeline(
 ) -> dict[str, Any]:
     """Run ``topo`` in the current Ray cluster; write the outputs; return the report.
 
-    ``spark``: the Spark session, or one still starting (a
-    ``spark_input.SparkStarting``: the actors are created meanwhile, the
-    input waits for it). ``df``: the input DataFrame if the caller already built it (default:
+    ``df``: the input DataFrame if the caller already built it (default:
     ``build_dataframe(spark, topo)``). ``resume``: a live stream continues from
     the checkpoint in ``out_dir`` (``runtime.dataflow.checkpoint``). ``plot``:
     write ``report.png`` (``False``: the caller plots later,
@@ -459,8 +457,6 @@ class _PipelineRun:
         """The input: a ``FeedLoad`` started (its first block is in; ``load_s``
         is that wait), or (a live stream) its first file."""
         topo, say = self.topo, self.say
-        if not topo.input.stream:
-            self.spark = ready(self.spark)  # Spark started beside the actors: up now
         t_load = time.time()
         self.distinct_input: int | None = None
         if topo.input.stream:
@@ -541,7 +537,7 @@ class _PipelineRun:
         """A live stream's input (``None`` otherwise), the progress bar and live metrics."""
         topo, run = self.topo, self.topo.run
         if topo.input.stream:
-            self.stream = stream_mod.LiveInput(ready(self.spark), topo, self.sources, self.out_dir,
+            self.stream = stream_mod.LiveInput(self.spark, topo, self.sources, self.out_dir,
                                                aggregator=self.agg,
                                                checkpoint=run.checkpoint,
                                                checkpoint_every_s=run.checkpoint_every_s,

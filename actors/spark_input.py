@@ -42,7 +42,7 @@ import sys
 import threading
 import time
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import pyarrow as pa
@@ -75,7 +75,6 @@ PLANNER_JVM_OPTIONS = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
 _lock = threading.Lock()
 _session: Any = None
 _session_cpus = 0.0
-_starting: SparkStarting | None = None  # the session being started, if any
 
 
 # --------------------------------------------------------------------------- session
@@ -128,10 +127,7 @@ def output_to(path: str | os.PathLike[str] | None) -> Iterator[None]:
     ``path`` inside the block (``None``: left alone). A child started inside
     (Spark's driver JVM) keeps writing there for good: its start-up chatter
     (log4j's status lines, Spark's ``WARN Utils`` and ``NativeCodeLoader``,
-    Ray's ``gcs_client.cc`` lines from its Java worker) stays off the console.
-    Python's own ``sys.stdout`` and ``sys.stderr``, when they are those
-    descriptors, keep reaching the console: Spark starts in a thread
-    (``SparkStarting``) while the run goes on and prints its lines."""
+    Ray's ``gcs_client.cc`` lines from its Java worker) stays off the console."""
     if path is None:
         yield
         return
@@ -139,17 +135,6 @@ def output_to(path: str | os.PathLike[str] | None) -> Iterator[None]:
     sys.stderr.flush()
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
     saved = (os.dup(1), os.dup(2))
-    swapped = []
-    for name, target, keep in (("stdout", 1, saved[0]), ("stderr", 2, saved[1])):
-        stream = getattr(sys, name)
-        try:
-            on_fd = stream.fileno() == target
-        except (AttributeError, OSError, ValueError):
-            on_fd = False  # e.g. a test's capture
-        if on_fd:
-            swapped.append((name, stream))
-            setattr(sys, name, open(keep, "w", buffering=1, closefd=False,  # noqa: SIM115
-                                    encoding=stream.encoding, errors=stream.errors))
     try:
         os.dup2(fd, 1)
         os.dup2(fd, 2)
@@ -157,12 +142,9 @@ def output_to(path: str | os.PathLike[str] | None) -> Iterator[None]:
     finally:
         sys.stdout.flush()
         sys.stderr.flush()
-        for name, stream in swapped:
-            setattr(sys, name, stream)
         os.dup2(saved[0], 1)
         os.dup2(saved[1], 2)
-        # a swapped stream may still be held (a logger's handler): its descriptor stays
-        for f in (*(saved if not swapped else ()), fd):
+        for f in (*saved, fd):
             os.close(f)
 
 
@@ -249,67 +231,14 @@ def start_spark(app_name: str = "hetero-stream", executor_memory: str = "1GB",
         return spark
 
 
-class SparkStarting:
-    """``start_spark(**kwargs)`` in a thread of its own, begun at once: the
-    run's actors start while Spark and RayDP do (``actors.engine``).
-    ``get()`` waits for the session (and raises what its start raised);
-    ``on_ready(started, ready)`` is called in that thread once it is up.
-    ``session_cpus()`` counts its executors from the start, so that a
-    placement is checked against them before Spark is up."""
-
-    def __init__(self, on_ready: Callable[[float, float], None] | None = None,
-                 before: Callable[[], None] | None = None, **kwargs: Any) -> None:
-        global _starting
-        self._session: Any = None
-        self._error: BaseException | None = None
-        self.cpus = float(kwargs.get("num_executors", 1) * kwargs.get("executor_cores", 1))
-
-        def start() -> None:
-            try:
-                if before is not None:
-                    before()
-                t = time.time()
-                self._session = start_spark(**kwargs)
-                if on_ready is not None:
-                    on_ready(t, time.time())
-            except BaseException as e:  # noqa: BLE001 - raised by get()
-                self._error = e
-
-        _starting = self
-        self._thread = threading.Thread(target=start, name="spark-start", daemon=True)
-        self._thread.start()
-
-    def get(self) -> Any:
-        self._thread.join()
-        if self._error is not None:
-            raise self._error
-        return self._session
-
-    def wait(self) -> None:
-        """Until the start is over, however it ended (for a shut-down)."""
-        self._thread.join()
-
-
-def ready(spark: Any) -> Any:
-    """The Spark session itself: ``spark`` is one, or a ``SparkStarting``
-    (waited for)."""
-    return spark.get() if isinstance(spark, SparkStarting) else spark
-
-
 def session_cpus() -> float:
-    """CPUs the current Spark session's executors hold (0 without a session);
-    a session still starting (``SparkStarting``) counts."""
-    if _session is not None:
-        return _session_cpus
-    return _starting.cpus if _starting is not None else 0.0
+    """CPUs the current Spark session's executors hold (0 without a session)."""
+    return _session_cpus if _session is not None else 0.0
 
 
 def stop_spark() -> None:
     """Stop the session started by ``start_spark`` (no-op if none)."""
-    global _session, _starting
-    if _starting is not None:
-        _starting.wait()  # a start under way ends first: then it is stopped
-        _starting = None
+    global _session
     with _lock:
         if _session is None:
             return
@@ -812,11 +741,9 @@ def reference_result(df: Any, app: Any, top_k: int = 100) -> pa.Table:
 __all__ = [
     "JAVA17_OPTIONS",
     "FeedLoad",
-    "SparkStarting",
     "arrow_batches",
     "build_dataframe",
     "feed_load",
-    "ready",
     "reference_result",
     "session_cpus",
     "start_spark",

@@ -111,34 +111,28 @@ def startup_step(name: str, start: float, end: float | None = None) -> None:
         _startup_parts[name] = (time.time() if end is None else end) - start
 
 
-def take_startup() -> tuple[float, bool]:
-    """For a run that starts now: ``(origin, first)``. The first run after the
-    clock began (``begin``, or ``engine_ready`` without it) takes the
-    command's origin and the start-up, which lasts until ``engine_ready`` -
-    maybe still to come: Spark starts beside the first run's actors. Later
-    runs (a shared session) start at their own start with no start-up."""
+def take_startup() -> tuple[float, float]:
+    """For a run that starts now: ``(origin, startup)``. The first run after
+    ``engine_ready`` gets the start-up and the command's origin; later runs
+    (a shared session) start at their own start with ``startup`` 0."""
     global _session_used
     now = time.time()
     with _lock:
-        if _session_used or _origin is None:
-            return now, False
+        if _ready is None or _session_used or _origin is None:
+            return now, 0.0
         _session_used = True
-        return _origin, True
+        return _origin, max(0.0, _ready - _origin)
 
 
 class RunClock:
     """One run's marks (``time.time``): the first message (``start``, the
     sources told to go), the last one processed (``end``) and the finish's
-    parts (``part``); ``block`` is the ``phases`` block so far.
-    ``until_ready``: the start-up is the process clock's, until
-    ``engine_ready`` (read when asked: it may come after the run began);
-    else ``startup`` (and ``startup_parts``) as given."""
+    parts (``part``); ``block`` is the ``phases`` block so far."""
 
     def __init__(self, origin: float, startup: float,
-                 startup_parts: dict[str, float] | None = None, *,
-                 until_ready: bool = False) -> None:
-        self.origin, self.until_ready = origin, until_ready
-        self._startup, self._startup_parts = startup, dict(startup_parts or {})
+                 startup_parts: dict[str, float] | None = None) -> None:
+        self.origin, self.startup = origin, startup
+        self.startup_parts = dict(startup_parts or {})
         self.t0: float | None = None
         self.last_ts: float | None = None
         self.parts: dict[str, float] = {}
@@ -147,22 +141,8 @@ class RunClock:
     @classmethod
     def take(cls) -> RunClock:
         """The clock of a run starting now (``take_startup``)."""
-        origin, first = take_startup()
-        return cls(origin, 0.0, until_ready=first)
-
-    @property
-    def startup(self) -> float:
-        if not self.until_ready:
-            return self._startup
-        with _lock:
-            return max(0.0, _ready - self.origin) if _ready is not None else 0.0
-
-    @property
-    def startup_parts(self) -> dict[str, float]:
-        if not self.until_ready:
-            return self._startup_parts
-        with _lock:
-            return dict(_startup_parts)
+        origin, startup = take_startup()
+        return cls(origin, startup, dict(_startup_parts) if startup > 0 else None)
 
     def start(self, t0: float) -> None:
         self.t0 = t0
@@ -188,14 +168,13 @@ class RunClock:
         now = time.time() if now is None else now
         t0 = self.t0 if self.t0 is not None else now
         last = self.last_ts if self.last_ts is not None else t0
-        startup, startup_parts = self.startup, self.startup_parts
-        ready = self.origin + startup
+        ready = self.origin + self.startup
 
         def s(x: float) -> float:
             return round(max(0.0, x), 3)
 
         out = {
-            "startup": s(startup),
+            "startup": s(self.startup),
             "input": s(t0 - ready),
             "first_message": s(t0 - self.origin),
             "stream": s(last - t0),
@@ -204,8 +183,8 @@ class RunClock:
             "finish_parts": {k: s(v) for k, v in self.parts.items()},
             "final": final,
         }
-        if startup_parts:
-            out["startup_parts"] = {k: s(v) for k, v in startup_parts.items()}
+        if self.startup_parts:
+            out["startup_parts"] = {k: s(v) for k, v in self.startup_parts.items()}
         if self.input_parts:
             out["input_parts"] = {k: s(v) for k, v in self.input_parts.items()}
         return out
