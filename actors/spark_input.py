@@ -67,9 +67,9 @@ JAVA17_OPTIONS = " ".join(f"--add-opens=java.base/{p}=ALL-UNNAMED" for p in _OPE
 #: the JVMs that plan and schedule (Spark's driver, RayDP's master) but do not
 #: compute: only the quick JIT tier and one GC thread. Their start-up and first
 #: jobs are mostly JIT work competing for the same cores as everything else:
-#: measured on 2 cores, `make demo`'s first message came 4-7 s sooner
-#: (docs/benchmarks.md, "JIT"). The executors keep the full JIT: they convert
-#: the data.
+#: measured on 2 cores, `make demo`'s first message came 1-3 s sooner
+#: (docs/benchmarks.md, "The planning JVMs' JIT"). The executors keep the
+#: full JIT: they convert the data.
 PLANNER_JVM_OPTIONS = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
 
 _lock = threading.Lock()

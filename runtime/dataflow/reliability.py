@@ -188,7 +188,8 @@ class Part:
         """One part for a worker's queued sub-batches (``Entry``), in order.
         The records are copied, also for one entry (the common call): an entry
         may be a slice of a larger batch, and pickling a slice sends its
-        parent's whole buffers; one entry's arrays are taken as they are."""
+        parent's whole buffers. One entry's index and hash arrays are used as
+        they are (numpy pickles only a view's own rows)."""
         import pyarrow as pa
 
         tag = Tag(int(source), int(epoch),
