@@ -246,9 +246,9 @@ class Entry:
 
 
 def take(records: Any, sel: Any) -> Any:
-    """Rows ``sel`` (a numpy or Arrow integer array) of a record batch, as a new
-    (compact) record batch: never a zero-copy slice, which would pickle the
-    parent's whole buffers. (Arrow's ``take`` kernel called directly:
+    """Rows ``sel`` (a numpy or Arrow integer array: a source slices one Arrow
+    index array per worker) of a record batch or array, as a new (compact)
+    one: never a zero-copy slice, which would pickle the parent's whole buffers. (Arrow's ``take`` kernel called directly:
     ``records.take`` goes through ``pyarrow.compute``'s wrapper, twice the
     cost on a sub-batch.)"""
     import pyarrow as pa
