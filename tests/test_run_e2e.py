@@ -268,7 +268,11 @@ def test_operator_raising_mid_run_fails_with_one_line_and_writes_nothing(ray_spa
                   "            raise ValueError('bad record')\n"
                   "        return s + b.num_rows\n"
                   "    def merge(self, a, b): return a + b\n"
-                  "    def finish(self, s): return None\n")
+                  # a valid finish: the aggregator's periodic answer must not
+                  # fail first on a slow machine (only add raises)
+                  "    def finish(self, s):\n"
+                  "        import pyarrow as pa\n"
+                  "        return pa.table({'rows': [s]})\n")
     topo = _topology("acg", {"format": "zipf", "messages": 20_000, "keys": 500},
                      app={"kind": "operator", "operator": f"{op}:Op"})
     out = tmp_path / "run"
