@@ -263,8 +263,13 @@ def test_operator_raising_mid_run_fails_with_one_line_and_writes_nothing(ray_spa
     op = tmp_path / "boom.py"
     op.write_text("class Op:\n"
                   "    def create(self): return 0\n"
+                  # counts what this worker saw, not its state: the state
+                  # restarts at each periodic aggregation, so only a count
+                  # makes the failure certain (4 workers, 20,000 rows)
+                  "    seen = 0\n"
                   "    def add(self, s, b):\n"
-                  "        if s + b.num_rows > 3000:\n"
+                  "        self.seen += b.num_rows\n"
+                  "        if self.seen > 3000:\n"
                   "            raise ValueError('bad record')\n"
                   "        return s + b.num_rows\n"
                   "    def merge(self, a, b): return a + b\n"
@@ -294,9 +299,11 @@ def test_what_an_operator_prints_lands_in_operators_log(ray_spark, tmp_path) -> 
     op = tmp_path / "chatty.py"
     op.write_text("class Op:\n"
                   "    def create(self): return 0\n"
+                  "    seen = 0\n"
                   "    def add(self, s, b):\n"
                   "        print('adding', b.num_rows, 'rows')\n"
-                  "        if s + b.num_rows > 3000:\n"
+                  "        self.seen += b.num_rows\n"
+                  "        if self.seen > 3000:\n"
                   "            raise ValueError('bad record')\n"
                   "        return s + b.num_rows\n"
                   "    def merge(self, a, b): return a + b\n"
