@@ -616,11 +616,18 @@ class FeedLoad:
     def __init__(self, frames: Iterator[Any], n_sources: int, *, messages: int | None,
                  chunks: int = 1, chunk: int | None = None,
                  block_rows: int = SHARD_BLOCK_ROWS, count_distinct: bool = False) -> None:
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
         from actors.shard_feed import FedShard, ShardFeed
 
         self.frames, self.n_sources, self.messages = frames, n_sources, messages
         self.chunks, self.chunk, self.block_rows = chunks, chunk, block_rows
-        self.feed = ShardFeed.remote(n_sources)  # type: ignore[attr-defined]
+        # on the driver's node: the feed lives and dies with the driver that
+        # fills it, never with another machine (num_cpus=0 lets Ray put it anywhere)
+        here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(),
+                                              soft=False)
+        self.feed = ShardFeed.options(  # type: ignore[attr-defined]
+            scheduling_strategy=here).remote(n_sources)
         self.shards = [FedShard(self.feed, s) for s in range(n_sources)]
         self.loaded = 0  # chunks in the feed
         self.rows = 0  # rows in the feed
@@ -630,6 +637,11 @@ class FeedLoad:
         self._uniques: list[pa.Array] | None = [] if count_distinct else None
         self.distinct: int | None = None
         self.error: BaseException | None = None
+        # the driver owns every block (ray.put) and keeps a reference to each
+        # until the run ends: the feed and the sources only borrow them, and a
+        # borrower lost with its node must not let Ray free a block a
+        # restarted source still has to read (ReferenceCountingAssertionError)
+        self._held: list[Any] = []
         self._stopping = threading.Event()
         self._first = threading.Event()
         self._thread = threading.Thread(target=self._load, name="feed-load", daemon=True)
@@ -658,7 +670,9 @@ class FeedLoad:
         rows = 0
         for block in blocks:
             s = (self.rows + rows) // self.block_rows % self.n_sources
-            per_source[s].append(ray.put(block))
+            ref = ray.put(block)
+            self._held.append(ref)
+            per_source[s].append(ref)
             self.per_source[s] += block.num_rows
             rows += block.num_rows
         if rows:
