@@ -12,7 +12,8 @@
    ``ServiceEmulator``: ours in the workers, Flink's in a Python
    ``KeyedProcessFunction``); one TaskManager per worker, the slow ones
    throttled by the project's own duty-cycle throttler applied to the
-   TaskManager's processes (the JVM and its Python workers). Flink's ``keyBy``
+   TaskManager's JVM, in which PyFlink runs the Python functions (thread
+   mode, its fastest). Flink's ``keyBy``
    against ours kg, cg, acg and wrr (told the capacities: the ceiling).
 3. **stateless** - the same work behind Flink's ``rebalance``, FLIP-339's
    adaptive partitioner off and on, against ours acg and wrr (our keyed count
@@ -22,7 +23,8 @@ Flink lives in its own virtual environment (PyFlink pins pyarrow, pandas and
 protobuf versions that clash with ours), built on first use under
 ``~/.cache/hetero-stream/`` (``$HETERO_FLINK_VENV`` overrides), and runs as a
 standalone cluster on loopback (one JobManager, one TaskManager of one slot
-per worker) started from the pip-installed distribution's ``bin/`` scripts.
+per worker) started from the pip-installed distribution's ``bin/`` scripts,
+a fresh one per job.
 Every result is checked against the exact answer (exit 1 if either engine is
 wrong); every process started here is stopped at the end, also on Ctrl-C.
 ``--quick`` runs a short version of all three jobs (a few minutes).
@@ -220,8 +222,16 @@ class FlinkCluster:
         (self.workdir / "log").mkdir(parents=True, exist_ok=True)
         return dict(os.environ, FLINK_CONF_DIR=str(self.workdir / "conf"),
                     FLINK_LOG_DIR=str(self.workdir / "log"),
-                    # the Python workers import the project's ServiceEmulator / StoppedClock
-                    PYTHONPATH=str(ROOT))
+                    # the Python functions import the project's ServiceEmulator /
+                    # StoppedClock; in thread mode they run in the TaskManager's JVM
+                    # (embedded CPython, pemja), which finds Flink's venv only here
+                    PYTHONPATH=os.pathsep.join([str(ROOT), str(flink_home(self.py).parent)]))
+
+    def running(self) -> bool:
+        """Whether a job is running on this cluster (REST)."""
+        with contextlib.suppress(OSError, ValueError):
+            return any(j["state"] == "RUNNING" for j in self.rest("/jobs/overview")["jobs"])
+        return False
 
     def _spawn(self, script: str, name: str, *args: str) -> subprocess.Popen:
         home = flink_home(self.py)
@@ -281,7 +291,8 @@ class FlinkCluster:
         return self
 
     def tm_tree(self, i: int) -> list[int]:
-        """TaskManager ``i``'s PIDs: its JVM and every process under it (Python workers)."""
+        """TaskManager ``i``'s PIDs: its JVM and every process under it (Python
+        workers in process mode)."""
         try:
             root = psutil.Process(self.tms[i].pid)
             procs = [root, *root.children(recursive=True)]
@@ -352,8 +363,8 @@ class FlinkCluster:
 @contextlib.contextmanager
 def throttled(cluster: FlinkCluster, capacities: list[float]) -> Iterator[DutyCycleThrottler]:
     """The project's duty-cycle throttler on every TaskManager below full speed:
-    its JVM and its Python workers (which appear when a job starts: polled).
-    A TaskManager is throttled once its first Python worker is up, as our
+    its JVM, in which the Python functions run (thread mode), and any process
+    under it (polled). A TaskManager is throttled once the job runs, as our
     workers are throttled once their actors are up: its start-up at full speed."""
     thr = DutyCycleThrottler()
     slow = [(i, c) for i, c in enumerate(capacities) if c < 1.0]
@@ -362,11 +373,8 @@ def throttled(cluster: FlinkCluster, capacities: list[float]) -> Iterator[DutyCy
 
     def poll() -> None:
         while True:
-            for i, c in slow:
-                tree = cluster.tm_tree(i)
-                if len(tree) < 2:  # the JVM alone: no Python worker yet
-                    continue
-                for pid in tree:
+            for i, c in slow if known or cluster.running() else ():
+                for pid in cluster.tm_tree(i):
                     if pid not in known:
                         known.add(pid)
                         with contextlib.suppress(psutil.Error, ValueError):
@@ -529,7 +537,7 @@ def run_flink(cluster: FlinkCluster, job: str, data: Path, out: Path, *, service
     span = (max(m["last"] for m in marks) - min(m["first"] for m in marks)) if marks else None
     counted = sum(read_csv_counts(result).values())
     # the serving processes write their spans every 0.2 s and at close, which a
-    # torn-down Python worker may not reach: up to 0.2 s of records unreported
+    # torn-down Python function may not reach: up to 0.2 s of records unreported
     if service_us > 0 and not counted * 0.9 <= served <= counted:
         raise HarnessError(f"flink: job {job}: the serving functions report {served:,} records "
                            f"served, the result counts {counted:,}")
@@ -682,25 +690,35 @@ def run(args: argparse.Namespace) -> list[Row]:
                                     ("the keyed job's run (keys split: stateless work)"
                                      if job == "stateless" else "")))
 
-    # ---- Flink
-    say(f"flink: starting a standalone cluster (1 JobManager + {args.workers} TaskManagers) "
-        f"on loopback")
-    with FlinkCluster(py, args.workers, out / "flink") as cluster:
-        say(f"flink: cluster up in {cluster.startup_s:.1f} s (REST 127.0.0.1:{cluster.rest_port})")
-        if "count" in jobs:
+    # ---- Flink: a fresh cluster per job. Its Python functions run in thread
+    # mode (in the TaskManager's JVM: PyFlink's fastest), and on Java 17 a
+    # TaskManager cannot load the embedded interpreter for a second job
+    # (NoSuchFieldException: loadedLibraryNames), so no job shares a cluster
+    clusters: list[FlinkCluster] = []
+
+    def cluster_for(name: str) -> FlinkCluster:
+        c = FlinkCluster(py, args.workers, out / "flink" / name)
+        clusters.append(c)
+        say(f"flink: starting a standalone cluster (1 JobManager + {args.workers} "
+            f"TaskManagers) on loopback for {name}")
+        return c
+
+    if "count" in jobs:
+        with cluster_for("count") as cluster:
             load = loadavg()
             say(f"[1/3 count] flink: Table API GROUP BY, batch mode, {sizes.count_rows:,} rows "
-                f"(load {load})")
+                f"(cluster up in {cluster.startup_s:.1f} s; load {load})")
             r = run_flink(cluster, "count", count_csv, out / "flink-count")
             check("flink (count)", r["result"], count_exact)
             rows.append(Row("count", "flink", "GROUP BY", sizes.count_rows, r["wall_s"],
                             r["job_s"], None, f"{load} -> {loadavg()}",
                             note=f"client + job; the cluster was up (its start-up "
                                  f"{cluster.startup_s:.1f} s)"))
-        if "keyed" in jobs:
+    if "keyed" in jobs:
+        with cluster_for("keyed") as cluster:
             load = loadavg()
-            say(f"[2/3 keyed] flink: keyBy, batch mode, {sizes.work_rows:,} records, TaskManagers "
-                f"throttled to {capacities} (load {load})")
+            say(f"[2/3 keyed] flink: keyBy, batch mode, {sizes.work_rows:,} records, "
+                f"TaskManagers throttled to {capacities} (load {load})")
             with throttled(cluster, capacities):
                 r = run_flink(cluster, "keyed", work_csv, out / "flink-keyed",
                               service_us=sizes.service_us)
@@ -709,10 +727,11 @@ def run(args: argparse.Namespace) -> list[Row]:
                             full_rate, f"{load} -> {loadavg()}",
                             note=f"job {r['job_s']:.1f} s, client {r['wall_s']:.1f} s; "
                                  f"per subtask msgs/s {_rates(r['rates'])}"))
-        if "stateless" in jobs:
-            for adaptive in (False, True):
+    if "stateless" in jobs:
+        for adaptive in (False, True):
+            name = "rebalance+adaptive" if adaptive else "rebalance"
+            with cluster_for(name.replace("+", "-")) as cluster:
                 load = loadavg()
-                name = "rebalance+adaptive" if adaptive else "rebalance"
                 say(f"[3/3 stateless] flink: {name}, streaming mode, {sizes.work_rows:,} "
                     f"records (load {load})")
                 with throttled(cluster, capacities):
@@ -721,8 +740,9 @@ def run(args: argparse.Namespace) -> list[Row]:
                 check(f"flink ({name})", r["result"], work_exact)
                 rows.append(Row("stateless", "flink", name, sizes.work_rows, None, r["span_s"],
                                 full_rate, f"{load} -> {loadavg()}",
-                                note=f"job {r['job_s']:.1f} s, client {r['wall_s']:.1f} s"))
-    left = cluster.alive()
+                                note=f"job {r['job_s']:.1f} s, client {r['wall_s']:.1f} s; "
+                                     f"per subtask msgs/s {_rates(r['rates'])}"))
+    left = [pid for c in clusters for pid in c.alive()]
     if left:
         raise HarnessError(f"flink: {len(left)} processes still running after stop: {left}")
     return rows
