@@ -430,6 +430,7 @@ class AcgController:
         self._load_seen_s = 0.0
         self._load_pending = np.zeros(n_virtual, dtype=np.int8)  # last tick: +1 up, -1 down
         self._routed_to: dict[int, float] = {}  # per source: its load reports reach here
+        self._ended: set[int] = set()  # the sources whose stream ended (source_ended)
         #: arrivals per worker since the start, at the end of each bucket taken
         #: (each VW's counts go to its owner in the table of that time)
         self._arr_t: list[float] = []
@@ -487,15 +488,27 @@ class AcgController:
 
     def routed_from(self, source: int, report: RoutedReport) -> None:
         """A source's ``RoutedMeter.take()`` report; its last one (``final``)
-        ends the planning (``finish``)."""
+        says its stream ended (``source_ended``)."""
         self.report_routed(source, report.since, report.now, report.vw_ids, report.vw_counts)
         if report.final:
+            self.source_ended(source)
+
+    def source_ended(self, source: int) -> None:
+        """``source``'s stream ended: the loads stop waiting for its reports,
+        and once every source's has ended (or, with the sources unknown, at
+        the first), the planning ends (``finish``). The others keep being
+        planned for: a source that ends early (a short input dealt to it, a
+        share of none) must not freeze the table the rest of the stream is
+        routed on."""
+        self._ended.add(int(source))
+        self._routed_to.pop(int(source), None)
+        if self.sources is None or len(self._ended) >= self.sources:
             self.finish()
 
     def finish(self) -> None:
-        """The stream is ending: no more plans. Every source that reports its
-        end afterwards gets the current table, so all of them end on the same
-        (the controller's last) table."""
+        """The stream is ending: no more plans. A source that reports its end
+        afterwards gets the current table, so the last sources to end all end
+        on the same (the controller's last) table."""
         self.finished = True
 
     def start(self, t0: float) -> None:
@@ -581,7 +594,7 @@ class AcgController:
         self._last_tick = now
         if not self._routed_to:  # no source reported yet: no bucket is complete
             return
-        if (self.sources is not None and len(self._routed_to) < self.sources
+        if (self.sources is not None and len(self._routed_to) + len(self._ended) < self.sources
                 and now - self.t0 < 2 * self.epoch_s):
             return  # a source's first report is still on its way
         reporting = [t for t in self._routed_to.values() if now - t <= 2 * self.epoch_s]

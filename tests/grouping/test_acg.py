@@ -139,7 +139,8 @@ class Script:
     every ``epoch`` on a fake clock (sources at different phases)."""
 
     def __init__(self, rates: list[float], *, load: float = 4000.0, noise: float = 0.0,
-                 seed: int = 0, split_vws: bool = False, **params) -> None:
+                 seed: int = 0, split_vws: bool = False, sources: int | None = None,
+                 **params) -> None:
         self.n = len(rates)
         self.rates = list(rates)
         self.load = load
@@ -147,7 +148,7 @@ class Script:
         self.split_vws = split_vws  # each source routes to its own half of the VWs
         self.rng = np.random.default_rng(seed)
         self.ctl = AdaptiveConsistentGrouping.coordinator(
-            self.n, {"virtual_per_worker": R, **params}, t0=0.0)
+            self.n, {"virtual_per_worker": R, **params}, t0=0.0, sources=sources)
         self.t = 0.0
         self.tables: list[VwTable] = []
 
@@ -200,6 +201,26 @@ def test_a_final_load_report_ends_planning_so_every_source_ends_on_the_last_tabl
     assert last >= 1
     sc.ctl.routed_from(0, RoutedReport(since=sc.t, now=sc.t + 0.5, vw_ids=np.arange(4),
                                        vw_counts=np.ones(4), final=True))
+    sc.rates[0], sc.rates[5] = 200.0, 1000.0  # a change after the end: no new plan
+    for _ in range(5):
+        sc.epoch()
+    assert sc.ctl.finished and sc.ctl.version == last
+
+
+def test_planning_goes_on_until_every_source_has_ended() -> None:
+    """A source whose share of the input is small (none: fewer rows than a
+    block) ends first; the table the others still route on keeps following
+    the cluster, and planning ends with the last source."""
+    sc = Script([1000.0] * 3 + [200.0] * 7, sources=2)
+    end = RoutedReport(since=0.0, now=0.0, vw_ids=np.arange(0), vw_counts=np.ones(0),
+                       final=True)
+    sc.ctl.routed_from(1, end)  # source 1 had nothing to route
+    for _ in range(3):
+        sc.epoch()
+    assert not sc.ctl.finished and sc.ctl.version >= 1
+    sc.ctl.routed_from(0, RoutedReport(since=sc.t, now=sc.t + 0.5, vw_ids=np.arange(4),
+                                       vw_counts=np.ones(4), final=True))
+    last = sc.ctl.version
     sc.rates[0], sc.rates[5] = 200.0, 1000.0  # a change after the end: no new plan
     for _ in range(5):
         sc.epoch()
