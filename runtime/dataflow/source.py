@@ -444,9 +444,10 @@ class SourceCore:
 
     def _report_load(self, vws: np.ndarray | None = None, final: bool = False) -> None:
         """Coordinated schemes: a load report when due (``LoadReports``); the
-        controller's answer is its latest table. The final report ends the
-        controller's planning, and the source waits for (and adopts) the
-        answer: every source ends on the controller's last table."""
+        controller's answer is its latest table. The final report says this
+        source's stream ended (the controller plans until every source's
+        has), and the source waits for (and adopts) the answer: the last
+        sources to end all end on the controller's last table."""
         if self.load_reports is None:
             return
         self.load_reports.send_due(vws, final)
