@@ -186,6 +186,15 @@ def test_the_event_clock_sends_late_records_away_and_bounds_final_windows(
     assert clock.stats()["emit_delay_s"] == {"p50": 3.0, "p99": pytest.approx(3.49), "max": 3.5}
     again = event_time.EventClock(w, clock.state_at(1))  # a resumed stream
     assert again.watermark == 40 and again.late_rows == 2
+    # the checkpoint's cut behind the batches taken: batch 2 counts once
+    batch2 = [piece([41, 20]), piece([3, 42])]
+    clock.take(2, batch2, handed=102.0)
+    assert clock.late_rows == 4 and clock.late_per_source == [2, 2]
+    resumed = event_time.EventClock(w, clock.state_at(1))
+    assert resumed.watermark == 40 and resumed.late_per_source == [1, 1]
+    resumed.take(2, batch2, handed=110.0)  # the resumed stream takes batch 2 again
+    assert resumed.late_rows == 4 and resumed.late_per_source == [2, 2]
+    assert event_time.EventClock(w, clock.state_at(2)).late_rows == 4
     event_time.write_late(tmp_path, 1, late)
     event_time.write_late(tmp_path, 1, late)  # a replayed micro-batch: the same file
     assert pq.read_table(tmp_path / "late.parquet").num_rows == 2

@@ -54,15 +54,22 @@ class EventClock:
         self.late_per_source: list[int] = list(state.get("late_per_source", []))
         self.emitted = int(state.get("emitted", 0))  # emission files
         self._after: dict[int, int | None] = {}  # batch id -> watermark after it
+        #: batch id -> the late counts after it (a checkpoint's cut may be
+        #: behind the batches taken: a resumed stream takes the rest again)
+        self._late_after: dict[int, tuple[int, list[int]]] = {}
         self._handed: dict[int, float] = {}  # batch id -> when it was handed over
         #: per emitted window: seconds from the hand-over of the micro-batch
         #: that made it final to its emission
         self.emit_delays_s: list[float] = []
 
     def state_at(self, batch_id: int) -> dict[str, Any]:
-        """What a checkpoint after ``batch_id`` keeps (``EventClock(window, state)``)."""
+        """What a checkpoint after ``batch_id`` keeps (``EventClock(window, state)``):
+        the watermark and the late counts as they were after that batch, not
+        after the ones taken since (a resumed stream takes those again)."""
+        late_rows, per_source = self._late_after.get(
+            batch_id, (self.late_rows, self.late_per_source))
         return {"unit": self.unit, "watermark": self._after.get(batch_id, self.watermark),
-                "late_rows": self.late_rows, "late_per_source": self.late_per_source,
+                "late_rows": late_rows, "late_per_source": list(per_source),
                 "emitted": self.emitted}
 
     def bound_at(self, batch_id: int) -> int | None:
@@ -106,6 +113,7 @@ class EventClock:
             kept.append(piece)
         self.watermark = newest
         self._after[batch_id] = newest
+        self._late_after[batch_id] = (self.late_rows, list(self.late_per_source))
         return kept, (pa.concat_tables(late) if late else None)
 
     def emitted_windows(self, ends: list[int], now: float) -> None:
@@ -122,6 +130,7 @@ class EventClock:
         for b in [b for b in self._after if b < batch_id]:
             del self._after[b]
             self._handed.pop(b, None)
+            self._late_after.pop(b, None)
 
     def stats(self) -> dict[str, Any]:
         delays = sorted(self.emit_delays_s)
