@@ -32,6 +32,7 @@ import argparse
 import csv
 import json
 import os
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -107,11 +108,8 @@ def job_count(args: argparse.Namespace) -> tuple[str, list[tuple[str, int]]]:
 
 def _sink_dir(args: argparse.Namespace) -> Path:
     d = Path(args.out).resolve().with_suffix(".parts")
-    if d.exists():
-        for f in d.rglob("*"):
-            if f.is_file():
-                f.unlink()
-    d.mkdir(parents=True, exist_ok=True)
+    shutil.rmtree(d, ignore_errors=True)
+    d.mkdir(parents=True)
     return d
 
 
