@@ -225,14 +225,17 @@ class LoadReports:
         """The first window starts at ``t`` (the run's start)."""
         self.meter.since = t
 
+    def deadline(self) -> float:
+        """When the next report is due."""
+        return self.meter.since + (FIRST_PLAN_S if self.sent == 0 else self.report_every_s)
+
     def send_due(self, vws: np.ndarray | None = None, final: bool = False) -> None:
         """Count ``vws`` (the VW of each message just routed); send the report
         if it is due, or ``final``."""
         if vws is not None:
             self.meter.routed(vws)
         now = self.clock()
-        due = FIRST_PLAN_S if self.sent == 0 else self.report_every_s
-        if final or now - self.meter.since >= due:
+        if final or now >= self.deadline():
             self.sent += 1
             self.control.report_routed(self.source, self.meter.take(now, final=final))
 
@@ -684,9 +687,26 @@ class SourceCore:
         return int(min(STEP_MESSAGES, room))
 
     def _pace(self) -> None:
-        """Wait until the next batch is due (``run.rate``), sending meanwhile."""
-        self.pacer.wait_until_due(self.routed, self.outboxes.linger_deadlines,
-                                  lambda: self._flush(force=True))
+        """Wait until the next batch is due (``run.rate``), sending meanwhile:
+        lingering sub-batches, and a coordinated scheme's load report when it
+        is due (a source paced at one batch every half second must not hold
+        the controller's first plan until its second batch)."""
+        reports = self.load_reports
+        if reports is None:
+            self.pacer.wait_until_due(self.routed, self.outboxes.linger_deadlines,
+                                      lambda: self._flush(force=True))
+            return
+
+        def deadlines() -> Iterable[float]:
+            yield reports.deadline()
+            yield from self.outboxes.linger_deadlines()
+
+        def send_due() -> None:
+            self._flush(force=True)
+            self._report_load()
+            self._check_notices()
+
+        self.pacer.wait_until_due(self.routed, deadlines, send_due)
 
     def _resume_batch(self, resume: Resume, b: int, table: pa.Table,
                       due: float | None) -> None:

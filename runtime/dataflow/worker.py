@@ -71,6 +71,10 @@ from runtime.reporting.metrics import DistinctKeys
 
 Clock = Callable[[], float]
 
+#: a worker that reports its rate serves a longer call in pieces of at most
+#: this much emulated work (``WorkerCore._serve``)
+SERVE_PIECE_S = 0.02
+
 
 @dataclass
 class QueuedCall:
@@ -175,10 +179,13 @@ class LoadMeter:
         self.q_msgs += d_msgs
         return now_rel
 
-    def served(self, n: int, t_start: float, t_end: float, latency: Binned | None) -> None:
+    def served(self, n: int, t_start: float, t_end: float, latency: Binned | None,
+               credited: int = 0) -> None:
         """A batch of ``n`` messages was in service from ``t_start`` to
         ``t_end`` (clock times); ``latency``: their latencies, counted
-        (``latency.binned``: the worker counts a call's latencies once)."""
+        (``latency.binned``: the worker counts a call's latencies once);
+        ``credited``: of them, those the rate meter already counted (a call
+        served in pieces, ``WorkerCore._serve``)."""
         s = self.slots
         rel_end = self.rel(t_end)
         k = s.slot_of(rel_end)
@@ -188,7 +195,7 @@ class LoadMeter:
         if h is None:
             h = s.latency[k] = LatencyHistogram()
         h.add_binned(latency)
-        self.rate.served(n)
+        self.rate.served(n - credited)
 
     def take_report(self) -> RateReport:
         """The rate meter's report up to now (then it starts afresh)."""
@@ -424,19 +431,18 @@ class WorkerCore:
         return True
 
     def _process(self, item: QueuedCall) -> None:
-        flush_seq = self.claims.open_seq
         if self._fenced(item):
             return
         t_start = self.clock()
-        finish = self.service.serve(item.n)
-        applied_seq = self._apply(item, flush_seq)
+        finish, credited = self._serve(item.n)
+        applied_seq = self._apply(item, self.claims.open_seq)
         if applied_seq is None:
             return
         t_end = self.clock()
         lat = _latencies(item, finish, t_end)
         counted = binned(lat)  # once, for the slot's histogram and the total
         with self._lock:
-            self.load.served(item.n, t_start, t_end, counted)
+            self.load.served(item.n, t_start, t_end, counted, credited=credited)
             self.latency.add_binned(counted)
             self.processed += item.n
             self.batches += 1
@@ -444,6 +450,30 @@ class WorkerCore:
         item.ack = self._ack(item, counted, t_end, applied_seq)
         item.parts = []
         item.done.set()
+
+    def _serve(self, n: int) -> tuple[np.ndarray, int]:
+        """The emulated service of a call of ``n`` messages: their finish
+        times, and how many of them the rate meter was already credited. A
+        worker that reports its rate (a coordinated scheme) serves a call
+        longer than ``SERVE_PIECE_S`` of work in pieces, crediting each and
+        flushing between them when a flush is due: its reports must not wait
+        for the end of a long call (a 0.2 worker's first call, one sub-batch,
+        can be 0.5 s of work: the controller's first plan waited for it)."""
+        cost = self.service.cost_s
+        if (not self._cadence.reports or self.flushes > 0 or cost <= 0
+                or n * cost <= SERVE_PIECE_S):
+            return self.service.serve(n), 0
+        piece = max(1, int(SERVE_PIECE_S / cost))
+        finish, done = [], 0
+        while done < n:
+            k = min(piece, n - done)
+            finish.append(self.service.serve(k))
+            done += k
+            if done < n:
+                with self._lock:
+                    self.load.rate.served(k)
+                self.maybe_flush()
+        return np.concatenate(finish), n - k
 
     def _fenced(self, item: QueuedCall) -> bool:
         """Whether ``item`` comes from a fenced-off (dead) source incarnation;

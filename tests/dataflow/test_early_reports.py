@@ -1,0 +1,119 @@
+"""A coordinated scheme's first plan waits for nobody's long call or slow pace.
+
+The controller plans once every worker reported a rate and every source its
+routed load (``FIRST_PLAN_S`` in). A slow worker's first call, one
+sub-batch, can be 0.5 s of work; a paced source may route one batch every
+half second. Neither may hold the first report until then.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+import pytest
+from conftest import FakeTime
+
+from runtime.dataflow.reliability import Flush, Part
+from runtime.dataflow.settings import SourceSettings, WorkerSettings
+from runtime.dataflow.source import SourceCore
+from runtime.dataflow.worker import SERVE_PIECE_S, WorkerCore
+from runtime.grouping import make_grouping
+from runtime.grouping.coordination import FIRST_PLAN_S
+from runtime.hashing import hash_arrow
+from runtime.operators import WorkerApp, builtin_operator
+
+
+def _worker(ft: FakeTime, flushes: list[Flush], *, report_every_s: float | None) -> WorkerCore:
+    # 1 ms a message at full speed, served at 0.2: 5 ms a message
+    return WorkerCore(0, WorkerApp(builtin_operator("wordcount")),
+                      WorkerSettings(service_us=1000.0, capacity=0.2, throttle="service",
+                                     report_every_s=report_every_s),
+                      clock=ft.clock, sleep=ft.sleep, t0=ft.t, sink=flushes.append)
+
+
+def _call(n: int, emit_ts: float) -> list[Part]:
+    keys = pa.array([f"k{i % 7}" for i in range(n)])
+    records = pa.RecordBatch.from_arrays([keys], names=["key"])
+    return [Part(None, records, hash_arrow(keys), np.array([emit_ts]))]
+
+
+def test_a_reporting_worker_reports_its_rate_during_a_long_first_call() -> None:
+    ft, flushes = FakeTime(), []
+    w = _worker(ft, flushes, report_every_s=0.5)
+    t0 = ft.t
+    item = w.enqueue(0, _call(100, ft.t))  # 0.5 s of work
+    assert w.step(timeout=0)
+    assert item.ack is not None and item.ack.acked == 100
+    early = [f for f in flushes if f.report is not None and f.report.processed > 0]
+    assert early, "no rate report before the call ended"
+    first = early[0].report
+    # sent once FIRST_PLAN_S had passed, long before the call's 0.5 s: with
+    # the messages served so far and the time it took (5 ms a message)
+    assert first.processed < 100 and first.busy_s <= FIRST_PLAN_S + 2 * SERVE_PIECE_S
+    assert first.processed / first.busy_s == pytest.approx(200.0, rel=0.25)
+    assert ft.t - t0 == pytest.approx(0.5, rel=0.05)
+    w.maybe_flush(force=True)
+    assert sum(f.report.processed for f in flushes if f.report is not None) == 100
+    assert w.processed == 100
+
+
+def test_a_worker_without_reports_flushes_only_between_calls() -> None:
+    ft, flushes = FakeTime(), []
+    w = _worker(ft, flushes, report_every_s=None)
+    w.enqueue(0, _call(100, ft.t))
+    assert w.step(timeout=0)
+    assert flushes == [] and w.processed == 100  # aggregate_every_s (1 s) not due
+
+
+class _Control:
+    """The controller's side of a source's load reports, recorded; a commit
+    is each worker's flush (no aggregator to lose it)."""
+
+    def __init__(self, ft: FakeTime, workers: list[WorkerCore]) -> None:
+        self.ft, self.workers, self.reports = ft, workers, []
+
+    def report_routed(self, source, report) -> None:
+        self.reports.append((self.ft.t, report))
+
+    def poll_table(self, timeout):
+        return None
+
+    def commit(self, workers):
+        return {w: self.workers[w].flush_now() for w in workers}
+
+
+class _Instant:
+    """Every call acknowledged at once by a worker with no service time."""
+
+    def __init__(self, workers: list[WorkerCore]) -> None:
+        self.workers, self.acks, self.n = workers, {}, 0
+
+    def send(self, worker: int, parts: list[Part]) -> int:
+        self.n += 1
+        item = self.workers[worker].enqueue(0, parts)
+        assert self.workers[worker].step(timeout=0)
+        self.acks[self.n] = item.ack
+        return self.n
+
+    def wait(self, tokens, timeout):
+        return [(t, self.acks.pop(t)) for t in tokens]
+
+
+def test_a_paced_source_sends_its_first_load_report_while_it_waits() -> None:
+    """At 200 messages/s and batches of 100, the second batch is due 0.5 s in;
+    the first load report still goes FIRST_PLAN_S in."""
+    ft = FakeTime()
+    workers = [WorkerCore(i, WorkerApp(builtin_operator("wordcount")),
+                          WorkerSettings(service_us=0.0), clock=ft.clock, sleep=ft.sleep,
+                          t0=ft.t) for i in range(2)]
+    control = _Control(ft, workers)
+    grouping = make_grouping("acg", 2, seed=0)
+    src = SourceCore(0, grouping, _Instant(workers),
+                     SourceSettings(n_workers=2, rate_per_source=200.0,
+                                    report_every_s=0.5),
+                     clock=ft.clock, sleep=ft.sleep, t0=ft.t, control=control)
+    t0 = ft.t
+    src.run([pa.table({"key": [f"k{i}" for i in range(100)]}) for _ in range(3)])
+    times = [t - t0 for t, r in control.reports if not r.final]
+    assert times and times[0] == pytest.approx(FIRST_PLAN_S, abs=0.01)
+    assert control.reports[0][1].vw_counts.sum() == 100  # the first batch, routed at 0
