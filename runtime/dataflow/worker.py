@@ -71,8 +71,8 @@ from runtime.reporting.metrics import DistinctKeys
 
 Clock = Callable[[], float]
 
-#: a worker that reports its rate serves a longer call in pieces of at most
-#: this much emulated work (``WorkerCore._serve``)
+#: until its first flush, a worker that reports its rate serves a longer call
+#: in pieces of at most this much emulated work (``WorkerCore._serve``)
 SERVE_PIECE_S = 0.02
 
 
@@ -453,12 +453,14 @@ class WorkerCore:
 
     def _serve(self, n: int) -> tuple[np.ndarray, int]:
         """The emulated service of a call of ``n`` messages: their finish
-        times, and how many of them the rate meter was already credited. A
-        worker that reports its rate (a coordinated scheme) serves a call
-        longer than ``SERVE_PIECE_S`` of work in pieces, crediting each and
-        flushing between them when a flush is due: its reports must not wait
-        for the end of a long call (a 0.2 worker's first call, one sub-batch,
-        can be 0.5 s of work: the controller's first plan waited for it)."""
+        times, and how many of them the rate meter was already credited. Until
+        its first flush, a worker that reports its rate (a coordinated scheme)
+        serves a call longer than ``SERVE_PIECE_S`` of work in pieces,
+        crediting each and flushing between them when the flush is due: its
+        first report must not wait for the end of a long call (a 0.2 worker's
+        first call, one sub-batch, can be 0.5 s of work: the controller's
+        first plan waited for it). Later calls hold ``CALL_S`` of its work
+        (the sources measure it); reports at calls' ends average over them."""
         cost = self.service.cost_s
         if (not self._cadence.reports or self.flushes > 0 or cost <= 0
                 or n * cost <= SERVE_PIECE_S):
