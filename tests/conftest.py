@@ -103,6 +103,24 @@ def fake_time() -> FakeTime:
     return FakeTime()
 
 
+class DirectTransport:
+    """A source's transport to in-process ``WorkerCore``s: each call is
+    processed at once by its worker (one per send), its ack kept for ``wait``."""
+
+    def __init__(self, workers: list) -> None:
+        self.workers, self.acks, self.n = workers, {}, 0
+
+    def send(self, worker: int, parts: list) -> int:
+        self.n += 1
+        item = self.workers[worker].enqueue(0, parts)
+        assert self.workers[worker].step(timeout=0)
+        self.acks[self.n] = item.ack
+        return self.n
+
+    def wait(self, tokens, timeout):
+        return [(t, self.acks.pop(t)) for t in tokens]
+
+
 def start_then_kill_mid_file(cmd: list[str], cwd, counted, first_rows: int, drop_next,
                              timeout_s: float = 300) -> None:
     """Run ``cmd`` (a ``runtime.run`` of a live stream); once ``counted()``

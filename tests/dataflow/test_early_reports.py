@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 import pyarrow as pa
 import pytest
-from conftest import FakeTime
+from conftest import DirectTransport, FakeTime
 
 from runtime.dataflow.reliability import Flush, Part
 from runtime.dataflow.settings import SourceSettings, WorkerSettings
@@ -82,23 +82,6 @@ class _Control:
         return {w: self.workers[w].flush_now() for w in workers}
 
 
-class _Instant:
-    """Every call acknowledged at once by a worker with no service time."""
-
-    def __init__(self, workers: list[WorkerCore]) -> None:
-        self.workers, self.acks, self.n = workers, {}, 0
-
-    def send(self, worker: int, parts: list[Part]) -> int:
-        self.n += 1
-        item = self.workers[worker].enqueue(0, parts)
-        assert self.workers[worker].step(timeout=0)
-        self.acks[self.n] = item.ack
-        return self.n
-
-    def wait(self, tokens, timeout):
-        return [(t, self.acks.pop(t)) for t in tokens]
-
-
 def test_a_paced_source_sends_its_first_load_report_while_it_waits() -> None:
     """At 200 messages/s and batches of 100, the second batch is due 0.5 s in;
     the first load report still goes FIRST_PLAN_S in."""
@@ -108,7 +91,7 @@ def test_a_paced_source_sends_its_first_load_report_while_it_waits() -> None:
                           t0=ft.t) for i in range(2)]
     control = _Control(ft, workers)
     grouping = make_grouping("acg", 2, seed=0)
-    src = SourceCore(0, grouping, _Instant(workers),
+    src = SourceCore(0, grouping, DirectTransport(workers),
                      SourceSettings(n_workers=2, rate_per_source=200.0,
                                     report_every_s=0.5),
                      clock=ft.clock, sleep=ft.sleep, t0=ft.t, control=control)

@@ -8,33 +8,15 @@ import pickle
 
 import pyarrow as pa
 import pytest
-from conftest import FakeTime
+from conftest import DirectTransport, FakeTime
 
 from runtime.dataflow.aggregator import AggregatorCore
 from runtime.dataflow.messages import SourceStats, WorkerSeries, WorkerStats
-from runtime.dataflow.reliability import Part
 from runtime.dataflow.settings import AggregatorSettings, SourceSettings, WorkerSettings
 from runtime.dataflow.source import SourceCore
 from runtime.dataflow.worker import WorkerCore
 from runtime.grouping import make_grouping
 from runtime.operators import WorkerApp, builtin_operator
-
-
-class _Direct:
-    """Calls processed at once by the workers (one per send)."""
-
-    def __init__(self, workers: list[WorkerCore]) -> None:
-        self.workers, self.acks, self.n = workers, {}, 0
-
-    def send(self, worker: int, parts: list[Part]) -> int:
-        self.n += 1
-        item = self.workers[worker].enqueue(0, parts)
-        assert self.workers[worker].step(timeout=0)
-        self.acks[self.n] = item.ack
-        return self.n
-
-    def wait(self, tokens, timeout):
-        return [(t, self.acks.pop(t)) for t in tokens]
 
 
 def test_the_cores_statistics_are_typed_and_cross_ray() -> None:
@@ -43,7 +25,7 @@ def test_the_cores_statistics_are_typed_and_cross_ray() -> None:
     workers = [WorkerCore(i, WorkerApp(builtin_operator("wordcount")),
                           WorkerSettings(service_us=10.0), clock=ft.clock, sleep=ft.sleep,
                           t0=ft.t, sink=flushes.append) for i in range(2)]
-    src = SourceCore(0, make_grouping("sg", 2, seed=0), _Direct(workers),
+    src = SourceCore(0, make_grouping("sg", 2, seed=0), DirectTransport(workers),
                      SourceSettings(n_workers=2), clock=ft.clock, sleep=ft.sleep, t0=ft.t)
     stats = src.run([pa.table({"key": [f"k{i}" for i in range(100)]}) for _ in range(5)])
     assert isinstance(stats, SourceStats) and stats.acked == 500
