@@ -161,7 +161,11 @@ def engine_session(app_name: str, address: str | None = None, *,
     system_config = ray_system_config() if starts else {}
     # Spark's Python side (pyspark, RayDP, Ray Data: ~1-2 s of imports) loads
     # while Ray starts: RayDP itself needs Ray up, its modules do not
-    preload = threading.Thread(target=spark_input.preload, name="spark-preload", daemon=True)
+    # and Spark's driver JVM starts too: it needs Ray only for its SparkContext
+    driver = {"executor_memory": sizing.memory, "num_executors": sizing.executors,
+              "executor_cores": sizing.cores, "extra_configs": dict(sizing.conf)}
+    preload = threading.Thread(target=spark_input.preload, args=(driver, log_file),
+                               name="spark-preload", daemon=True)
     preload.start()
     # the first run of this version of the sources compiles the kernels here,
     # beside Ray's and Spark's start-up, not in every actor once the run's clock runs
@@ -182,10 +186,7 @@ def engine_session(app_name: str, address: str | None = None, *,
         _announce(ctx, log_file)
         preload.join()
         t_spark = time.time()
-        session = spark_input.start_spark(app_name=app_name, executor_memory=sizing.memory,
-                                          num_executors=sizing.executors,
-                                          executor_cores=sizing.cores,
-                                          extra_configs=dict(sizing.conf), log_file=log_file)
+        session = spark_input.start_spark(app_name=app_name, log_file=log_file, **driver)
         phases.startup_step("spark", t_spark)
         if warming is not None:
             warming.wait()

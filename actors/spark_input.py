@@ -72,6 +72,10 @@ JAVA17_OPTIONS = " ".join(f"--add-opens=java.base/{p}=ALL-UNNAMED" for p in _OPE
 #: full JIT: they convert the data.
 PLANNER_JVM_OPTIONS = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
 
+#: the settings spark-submit reads to start the driver JVM (``launch_driver``)
+DRIVER_JVM_CONFS = ("spark.driver.extraJavaOptions", "spark.driver.extraClassPath",
+                    "spark.driver.extraLibraryPath", "spark.driver.memory")
+
 _lock = threading.Lock()
 _session: Any = None
 _session_cpus = 0.0
@@ -108,17 +112,60 @@ def _install_load_code_fix() -> None:
     raydp_dataset._fetch_arrow_table_from_executor = _fetch_and_reset
 
 
-def preload() -> None:
+def preload(driver: dict[str, Any] | None = None,
+            log_file: str | os.PathLike[str] | None = None) -> None:
     """Import what ``start_spark`` needs (pyspark's SQL side, RayDP, Ray
-    Data): run in a thread while Ray starts. A failure is left for
-    ``start_spark`` to raise, in order."""
+    Data) and, given ``driver`` (``start_spark``'s sizing arguments), start
+    Spark's driver JVM (``launch_driver``): run in a thread while Ray starts.
+    A failure is left for ``start_spark`` to raise, in order."""
     try:
         import pyspark.sql  # noqa: F401
         import ray.data  # noqa: F401
         import raydp  # noqa: F401
         from raydp.spark import dataset  # noqa: F401
-    except Exception:  # noqa: BLE001, S110 - start_spark imports them again and says why
+
+        if driver is not None:
+            launch_driver(log_file=log_file, **driver)
+    except Exception:  # noqa: BLE001, S110 - start_spark does it again and says why
         pass
+
+
+def launch_driver(executor_memory: str = "1GB", num_executors: int = 1,
+                  executor_cores: int = 1, extra_configs: dict[str, str] | None = None,
+                  log_file: str | os.PathLike[str] | None = None) -> None:
+    """Start Spark's driver JVM (pyspark's py4j gateway) now, before Ray is up.
+
+    The driver JVM does not need Ray until its ``SparkContext`` is created:
+    started while Ray starts, its start-up (spark-submit's launcher JVM, then
+    the driver's) overlaps Ray's instead of following RayDP's master, and
+    ``start_spark``'s session uses it (pyspark starts a gateway only when there
+    is none). It is given exactly the JVM settings RayDP's
+    ``SparkCluster._prepare_spark_configs`` computes for the driver
+    (classpath, Java agent, log4j, our Java options) from the arguments
+    ``start_spark`` will get. Its output goes to ``log_file`` for good. A
+    no-op when this process has a gateway already."""
+    from pyspark import SparkConf, SparkContext
+    from pyspark.java_gateway import launch_gateway
+    from raydp.spark.ray_cluster import SparkCluster
+
+    with SparkContext._lock:
+        if SparkContext._gateway is not None:
+            return
+        os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+        cluster = SparkCluster.__new__(SparkCluster)  # its config step alone: no master yet
+        cluster._num_executors, cluster._executor_cores = num_executors, executor_cores
+        cluster._executor_memory = executor_memory
+        cluster._configs = _session_configs(extra_configs)
+        cluster._prepare_spark_configs()
+        conf = SparkConf(loadDefaults=False).setAll(
+            (k, v) for k, v in cluster._configs.items() if k.startswith(DRIVER_JVM_CONFS))
+        kwargs: dict[str, Any] = {}
+        with contextlib.ExitStack() as stack:
+            if log_file is not None:
+                out = stack.enter_context(open(log_file, "ab"))
+                kwargs = {"stdout": out, "stderr": out}
+            gateway = launch_gateway(conf, popen_kwargs=kwargs)
+        SparkContext._gateway, SparkContext._jvm = gateway, gateway.jvm
 
 
 @contextlib.contextmanager
@@ -201,21 +248,7 @@ def start_spark(app_name: str = "hetero-stream", executor_memory: str = "1GB",
         # driver is not started by spark-submit, so spark.pyspark.python alone
         # is not enough
         os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-        configs = {
-            "spark.executor.extraJavaOptions": JAVA17_OPTIONS,
-            "spark.driver.extraJavaOptions": f"{JAVA17_OPTIONS} {PLANNER_JVM_OPTIONS}",
-            "spark.ray.raydp_app_master.extraJavaOptions": f"{JAVA17_OPTIONS} {PLANNER_JVM_OPTIONS}",
-            "spark.ui.showConsoleProgress": "false",
-            "spark.ui.enabled": "false",
-            # mapInArrow/generators must run with this interpreter (our venv)
-            "spark.pyspark.python": sys.executable,
-            "spark.pyspark.driver.python": sys.executable,
-            "spark.executorEnv.PYSPARK_PYTHON": sys.executable,
-            "spark.sql.execution.arrow.pyspark.enabled": "true",
-            "spark.sql.shuffle.partitions": "4",
-        }
-        for k, v in (extra_configs or {}).items():
-            configs[k] = f"{v} {JAVA17_OPTIONS}" if k.endswith("extraJavaOptions") else v
+        configs = _session_configs(extra_configs)
         with output_to(log_file):
             spark = raydp.init_spark(
                 app_name=app_name,
@@ -229,6 +262,26 @@ def start_spark(app_name: str = "hetero-stream", executor_memory: str = "1GB",
         _session = spark
         _session_cpus = float(num_executors * executor_cores)
         return spark
+
+
+def _session_configs(extra_configs: dict[str, str] | None) -> dict[str, str]:
+    """The Spark settings ``start_spark`` hands RayDP (``extra_configs`` on top)."""
+    configs = {
+        "spark.executor.extraJavaOptions": JAVA17_OPTIONS,
+        "spark.driver.extraJavaOptions": f"{JAVA17_OPTIONS} {PLANNER_JVM_OPTIONS}",
+        "spark.ray.raydp_app_master.extraJavaOptions": f"{JAVA17_OPTIONS} {PLANNER_JVM_OPTIONS}",
+        "spark.ui.showConsoleProgress": "false",
+        "spark.ui.enabled": "false",
+        # mapInArrow/generators must run with this interpreter (our venv)
+        "spark.pyspark.python": sys.executable,
+        "spark.pyspark.driver.python": sys.executable,
+        "spark.executorEnv.PYSPARK_PYTHON": sys.executable,
+        "spark.sql.execution.arrow.pyspark.enabled": "true",
+        "spark.sql.shuffle.partitions": "4",
+    }
+    for k, v in (extra_configs or {}).items():
+        configs[k] = f"{v} {JAVA17_OPTIONS}" if k.endswith("extraJavaOptions") else v
+    return configs
 
 
 def session_cpus() -> float:
@@ -309,12 +362,34 @@ def _read_file(spark: Any, topo: Topology) -> Any:
         raise TopologyError(f"input.path: file not found (got {topo.input.path!r})")
     reader = spark.read
     if fmt == "parquet":
-        return reader.parquet(uri)
+        footer = _parquet_footer(path)
+        return (reader if footer is None else reader.schema(footer[0])).parquet(uri)
     if fmt == "csv":
         return reader.option("header", "true").option("inferSchema", "false").csv(uri)
     if fmt == "json":
         return reader.json(uri)
     raise TopologyError(f"input.format: not a file format (got {fmt!r})")
+
+
+def _parquet_footer(path: Any) -> tuple[Any, int] | None:
+    """A local Parquet file's schema as Spark's ``StructType`` and its rows,
+    read from its footer; None when ``path`` is not one file, or a column's
+    type is one Spark would not read as pyarrow says (nanosecond
+    timestamps) or has no Spark type. Given the schema, Spark's reader skips
+    its own inference, a Spark job (the run's first: 3-4 s on 2 cores)."""
+    if path is None or not path.is_file():
+        return None
+    try:
+        import pyarrow.parquet as pq
+        from pyspark.sql.pandas.types import from_arrow_schema
+
+        meta = pq.read_metadata(path)
+        schema = meta.schema.to_arrow_schema()
+        if any(pa.types.is_timestamp(f.type) and f.type.unit == "ns" for f in schema):
+            return None
+        return from_arrow_schema(schema), int(meta.num_rows)
+    except Exception:  # noqa: BLE001 - Spark infers it and says what is wrong
+        return None
 
 
 def build_dataframe(spark: Any, topo: Topology) -> Any:
@@ -347,8 +422,11 @@ def build_dataframe(spark: Any, topo: Topology) -> Any:
     df = _select_input(raw, topo)
     if topo.input.limit is not None:
         df = df.limit(topo.input.limit)
+    with_labels = topo.app.kind == "naive-bayes"
+    footer = _parquet_footer(topo.input_path()) if topo.input.format == "parquet" else None
+    if footer is not None and footer[1] > 0 and not with_labels:
+        return df  # rows, as the footer says: no Spark job to count them
     if df.isEmpty():
-        with_labels = topo.app.kind == "naive-bayes"
         raise no_rows(topo.input.path, "rows with a label" if with_labels else "rows")
     return df
 

@@ -172,6 +172,26 @@ def test_missing_key_column_is_one_line_error(ray_spark) -> None:
     assert msg.startswith("input.key: no column 'word'") and "available: ts, key" in msg
 
 
+def test_a_parquet_files_footer_schema_is_the_one_spark_infers(ray_spark, tmp_path) -> None:
+    """Spark is handed a local Parquet file's schema from its footer (no
+    inference job): it must be the schema Spark infers, and read the same rows."""
+    from actors.spark_input import _parquet_footer
+
+    p = tmp_path / "typed.parquet"
+    pq.write_table(pa.table({
+        "key": ["a", None, "b"], "n": pa.array([1, None, 3], pa.int64()),
+        "i": pa.array([1, 2, 3], pa.int32()), "x": [0.5, None, 1.5],
+        "flag": [True, False, None], "ts": pa.array([1, 2, 3], pa.timestamp("us", "UTC")),
+        "d": pa.array([1, 2, 3], pa.date32()), "tags": [["u"], [], None],
+    }), p)
+    footer = _parquet_footer(p)
+    assert footer is not None and footer[1] == 3
+    assert footer[0] == ray_spark.read.parquet(str(p)).schema
+    topo = _topo({"format": "parquet", "path": str(p)}, "aggregate", value="n", aggs=["sum"])
+    assert _collect(build_dataframe(ray_spark, topo)).to_pydict() == {
+        "key": ["a", None, "b"], "n": [1, None, 3]}
+
+
 def test_empty_input_is_a_clear_error(ray_spark, tmp_path) -> None:
     p = tmp_path / "empty.parquet"
     pq.write_table(pa.table({"key": pa.array([], pa.string())}), p)
