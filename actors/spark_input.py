@@ -158,7 +158,7 @@ def launch_driver(executor_memory: str = "1GB", num_executors: int = 1,
         cluster._configs = _session_configs(extra_configs)
         cluster._prepare_spark_configs()
         conf = SparkConf(loadDefaults=False).setAll(
-            (k, v) for k, v in cluster._configs.items() if k.startswith(DRIVER_JVM_CONFS))
+            [(k, v) for k, v in cluster._configs.items() if k.startswith(DRIVER_JVM_CONFS)])
         kwargs: dict[str, Any] = {}
         with contextlib.ExitStack() as stack:
             if log_file is not None:
