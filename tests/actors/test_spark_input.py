@@ -172,10 +172,11 @@ def test_missing_key_column_is_one_line_error(ray_spark) -> None:
     assert msg.startswith("input.key: no column 'word'") and "available: ts, key" in msg
 
 
-def test_a_parquet_files_footer_schema_is_the_one_spark_infers(ray_spark, tmp_path) -> None:
-    """Spark is handed a local Parquet file's schema from its footer (no
-    inference job): it must be the schema Spark infers, and read the same rows."""
-    from actors.spark_input import _parquet_footer
+def test_a_files_own_schema_is_the_one_spark_infers(ray_spark, tmp_path) -> None:
+    """Spark is handed a local Parquet file's schema from its footer, and a CSV
+    file's from its header line (no inference job): it must be the schema
+    Spark infers, and the rows read the same."""
+    from actors.spark_input import known_schema
 
     p = tmp_path / "typed.parquet"
     pq.write_table(pa.table({
@@ -184,12 +185,31 @@ def test_a_parquet_files_footer_schema_is_the_one_spark_infers(ray_spark, tmp_pa
         "flag": [True, False, None], "ts": pa.array([1, 2, 3], pa.timestamp("us", "UTC")),
         "d": pa.array([1, 2, 3], pa.date32()), "tags": [["u"], [], None],
     }), p)
-    footer = _parquet_footer(p)
-    assert footer is not None and footer[1] == 3
-    assert footer[0] == ray_spark.read.parquet(str(p)).schema
+    known = known_schema("parquet", p)
+    assert known is not None and known[1]
+    assert known[0] == ray_spark.read.parquet(str(p)).schema
     topo = _topo({"format": "parquet", "path": str(p)}, "aggregate", value="n", aggs=["sum"])
     assert _collect(build_dataframe(ray_spark, topo)).to_pydict() == {
         "key": ["a", None, "b"], "n": [1, None, 3]}
+
+    c = tmp_path / "in.csv"
+    c.write_text("key,Amount,_c\r\nx,1,\r\n\r\n,2,z\r\n")
+    known = known_schema("csv", c)
+    assert known is not None and known[1]
+    assert known[0] == ray_spark.read.option("header", "true").csv(str(c)).schema
+    topo = _topo({"format": "csv", "path": str(c)}, "aggregate", value="Amount", aggs=["sum"])
+    assert _collect(build_dataframe(ray_spark, topo)).to_pydict() == {
+        "key": ["x", None], "Amount": ["1", "2"]}
+    # a header only: no rows, and Spark is asked (the one-line error)
+    c.write_text("key,amount\n\n")
+    assert known_schema("csv", c) is not None and not known_schema("csv", c)[1]
+    with pytest.raises(TopologyError, match="input.path: no rows in"):
+        build_dataframe(ray_spark, _topo({"format": "csv", "path": str(c)}))
+    # names Spark would rewrite (quotes, blanks, duplicates): Spark infers them
+    for header in ('"key",n', "key,,n", "key,Key", "key, n"):
+        c.write_text(header + "\na,1,2\n")
+        assert known_schema("csv", c) is None
+    assert known_schema("json", c) is None and known_schema("parquet", tmp_path) is None
 
 
 def test_empty_input_is_a_clear_error(ray_spark, tmp_path) -> None:
