@@ -162,8 +162,9 @@ def engine_session(app_name: str, address: str | None = None, *,
     # Spark's Python side (pyspark, RayDP, Ray Data: ~1-2 s of imports) loads
     # while Ray starts: RayDP itself needs Ray up, its modules do not
     # and Spark's driver JVM starts too: it needs Ray only for its SparkContext
-    driver: dict[str, Any] = {"executor_memory": sizing.memory, "num_executors": sizing.executors,
-              "executor_cores": sizing.cores, "extra_configs": dict(sizing.conf)}
+    driver: dict[str, Any] = {"executor_memory": sizing.memory,
+                              "num_executors": sizing.executors,
+                              "executor_cores": sizing.cores, "extra_configs": dict(sizing.conf)}
     preload = threading.Thread(target=spark_input.preload, args=(driver, log_file),
                                name="spark-preload", daemon=True)
     preload.start()

@@ -355,12 +355,14 @@ def _generated_dataframe(spark: Any, topo: Topology, columns: list[str], lo: int
     return spark.range(lo, hi, 1, numPartitions=partitions).mapInArrow(gen_partition, schema)
 
 
-def _read_file(spark: Any, topo: Topology) -> Any:
+def _read_file(spark: Any, topo: Topology,
+               known: tuple[Any, bool] | None = None) -> Any:
+    """``topo``'s input file as Spark reads it; ``known``: its schema
+    (``known_schema``), so that Spark does not infer it."""
     fmt = topo.input.format
     path, uri = topo.input_path(), topo.input_uri()
     if uri is None or (path is not None and not path.exists()):
         raise TopologyError(f"input.path: file not found (got {topo.input.path!r})")
-    known = known_schema(fmt, path)
     reader = spark.read if known is None else spark.read.schema(known[0])
     if fmt == "parquet":
         return reader.parquet(uri)
@@ -433,7 +435,8 @@ def build_dataframe(spark: Any, topo: Topology) -> Any:
     from runtime.inputs.input_check import no_rows, unreadable
 
     try:
-        raw = _read_file(spark, topo)
+        known = known_schema(topo.input.format, topo.input_path())
+        raw = _read_file(spark, topo, known)
         columns = raw.columns
     except TopologyError:
         raise
@@ -445,7 +448,6 @@ def build_dataframe(spark: Any, topo: Topology) -> Any:
     if topo.input.limit is not None:
         df = df.limit(topo.input.limit)
     with_labels = topo.app.kind == "naive-bayes"
-    known = known_schema(topo.input.format, topo.input_path())
     if known is not None and known[1] and not with_labels:
         return df  # it has rows, as the file says: no Spark job to find out
     if df.isEmpty():
