@@ -210,7 +210,13 @@ class Pacer:
 class LoadReports:
     """A coordinated scheme's load reports: what this source routed per VW
     (``RoutedMeter``), sent to the controller (``control.report_routed``) every
-    ``report_every_s`` - the first time after ``FIRST_PLAN_S`` - and at the end."""
+    ``report_every_s``, and at the end. Until the controller's first plan
+    reaches the source (``planned``), for at most ``report_every_s``, every
+    ``FIRST_PLAN_S``: the answer to a report carries the table, and a source
+    paced at one batch every half second would otherwise route its second
+    batch, too, on the table it started with (on a cluster of slow and fast
+    workers, a second of blind routing that the slow ones take seconds to
+    work off)."""
 
     def __init__(self, source: int, n_virtual: int, control: Control,
                  report_every_s: float, clock: Clock) -> None:
@@ -220,14 +226,20 @@ class LoadReports:
         self.clock = clock
         self.meter = RoutedMeter(n_virtual, clock())
         self.sent = 0
+        self.started = self.meter.since
+        self.planned = False  # whether a table of the controller's reached the source
 
     def start(self, t: float) -> None:
         """The first window starts at ``t`` (the run's start)."""
-        self.meter.since = t
+        self.meter.since = self.started = t
+
+    def early(self) -> bool:
+        """Whether reports still go every ``FIRST_PLAN_S`` (see the class)."""
+        return not self.planned and self.meter.since < self.started + self.report_every_s
 
     def deadline(self) -> float:
         """When the next report is due."""
-        return self.meter.since + (FIRST_PLAN_S if self.sent == 0 else self.report_every_s)
+        return self.meter.since + (FIRST_PLAN_S if self.early() else self.report_every_s)
 
     def send_due(self, vws: np.ndarray | None = None, final: bool = False) -> None:
         """Count ``vws`` (the VW of each message just routed); send the report
@@ -441,6 +453,8 @@ class SourceCore:
         report): a newer one re-routes what the outboxes still hold (routed,
         never sent); sent sub-batches stay (no message migrates)."""
         if table is not None and self.grouping.on_table(table):
+            if self.load_reports is not None:
+                self.load_reports.planned = True
             for part in self.outboxes.reroute(self._split_queued):
                 self.outboxes.queue(part)
             self._flush()
@@ -688,21 +702,22 @@ class SourceCore:
 
     def _pace(self) -> None:
         """Wait until the next batch is due (``run.rate``), sending meanwhile
-        lingering sub-batches, and a coordinated scheme's first load report
-        when it is due (a source paced at one batch every half second must not
-        hold the controller's first plan until its second batch). Later
-        reports go as the source routes: sent while it sleeps, they would
+        lingering sub-batches, and a coordinated scheme's load reports while
+        they are early (``LoadReports.early``: until the first plan reached
+        the source - a source paced at one batch every half second must not
+        hold the controller's first plan, nor wait for it, until its second
+        batch). Later reports go as the source routes: sent while it sleeps, they would
         cover one batch, then two, or none, and the controller would read that
         as loads that jump (on the stress grid at 0.8 load that doubled acg's
         moves and its replication)."""
         reports = self.load_reports
-        if reports is None or reports.sent > 0:
+        if reports is None or not reports.early():
             self.pacer.wait_until_due(self.routed, self.outboxes.linger_deadlines,
                                       lambda: self._flush(force=True))
             return
 
         def deadlines() -> Iterable[float]:
-            if reports.sent == 0:
+            if reports.early():
                 yield reports.deadline()
             yield from self.outboxes.linger_deadlines()
 

@@ -325,7 +325,8 @@ class _ArrivalBuckets:
     *complete* once every reporting source's reports reach past its end; only
     complete buckets are used, oldest first, so a VW's load never looks
     doubled or absent because one source's report fell into an interval and
-    another's did not."""
+    another's did not. Counts for a bucket already taken (a source silent
+    for longer than the controller waited) go to the oldest open one."""
 
     def __init__(self, n_virtual: int, t0: float, bucket_s: float) -> None:
         self.n_virtual = n_virtual
@@ -341,9 +342,13 @@ class _ArrivalBuckets:
         d = self.bucket_s
         k0, k1 = int((a - self.t0) // d), int(math.ceil((b - self.t0) / d))
         c = np.asarray(counts, dtype=np.float64)
-        for k in range(max(k0, self._next), k1):  # buckets already taken: too late
+        first = max(k0, self._next)
+        # the share for buckets already taken goes to the oldest open one:
+        # late, never lost (the backlogs count every arrival)
+        late = max(0.0, min(b, self.t0 + first * d) - a) / (b - a)
+        for k in range(first, max(k1, first + 1)):
             lo, hi = self.t0 + k * d, self.t0 + (k + 1) * d
-            share = (min(b, hi) - max(a, lo)) / (b - a)
+            share = max(0.0, min(b, hi) - max(a, lo)) / (b - a) + (late if k == first else 0.0)
             if share > 0:
                 row = self._open.get(k)
                 if row is None:
@@ -430,6 +435,9 @@ class AcgController:
         self._load_seen_s = 0.0
         self._load_pending = np.zeros(n_virtual, dtype=np.int8)  # last tick: +1 up, -1 down
         self._routed_to: dict[int, float] = {}  # per source: its load reports reach here
+        #: per source: the time between its last two reports (a source paced
+        #: at one batch per second reports that seldom, and is not silent)
+        self._report_gap: dict[int, float] = {}
         self._ended: set[int] = set()  # the sources whose stream ended (source_ended)
         #: arrivals per worker since the start, at the end of each bucket taken
         #: (each VW's counts go to its owner in the table of that time)
@@ -479,8 +487,10 @@ class AcgController:
         ids = np.asarray(vw_ids, dtype=np.int64)
         ok = (ids >= 0) & (ids < self.n_virtual)
         self._arrivals.add(ids[ok], np.asarray(vw_counts)[ok], float(since), float(now))
-        self._routed_to[int(source)] = max(self._routed_to.get(int(source), -math.inf),
-                                           float(now))
+        last = self._routed_to.get(int(source))
+        if last is not None and float(now) > last:
+            self._report_gap[int(source)] = float(now) - last
+        self._routed_to[int(source)] = max(last if last is not None else -math.inf, float(now))
 
     def report_from(self, worker: int, report: RateReport, now: float) -> None:
         """A worker's ``RateMeter.take()`` report, received at ``now``."""
@@ -597,8 +607,12 @@ class AcgController:
         if (self.sources is not None and len(self._routed_to) + len(self._ended) < self.sources
                 and now - self.t0 < 2 * self.epoch_s):
             return  # a source's first report is still on its way
-        reporting = [t for t in self._routed_to.values() if now - t <= 2 * self.epoch_s]
-        horizon = min(reporting, default=now)
+        reporting = [t for s, t in self._routed_to.items()
+                     if now - t <= max(2 * self.epoch_s, 2 * self._report_gap.get(s, 0.0))]
+        # every source silent: nothing is complete past the oldest report (the
+        # buckets after it would be taken empty, and its counts for them,
+        # arriving later, dropped)
+        horizon = min(reporting or self._routed_to.values())
         d = self._arrivals.bucket_s
         first, buckets = self._arrivals.take_complete(horizon)
         self._add_arrivals(first, buckets, d)

@@ -18,7 +18,7 @@ from runtime.dataflow.settings import SourceSettings, WorkerSettings
 from runtime.dataflow.source import SourceCore
 from runtime.dataflow.worker import SERVE_PIECE_S, WorkerCore
 from runtime.grouping import make_grouping
-from runtime.grouping.coordination import FIRST_PLAN_S
+from runtime.grouping.coordination import FIRST_PLAN_S, VwTable
 from runtime.hashing import hash_arrow
 from runtime.operators import WorkerApp, builtin_operator
 
@@ -100,3 +100,48 @@ def test_a_paced_source_sends_its_first_load_report_while_it_waits() -> None:
     times = [t - t0 for t, r in control.reports if not r.final]
     assert times and times[0] == pytest.approx(FIRST_PLAN_S, abs=0.01)
     assert control.reports[0][1].vw_counts.sum() == 100  # the first batch, routed at 0
+
+
+class _Planner(_Control):
+    """The controller's first plan is made 0.11 s in (after every worker's
+    first report): a load report answered after that gets its table."""
+
+    def __init__(self, ft: FakeTime, workers: list[WorkerCore], table: VwTable) -> None:
+        super().__init__(ft, workers)
+        self.t0, self.table, self.answer = ft.t, table, None
+
+    def report_routed(self, source, report) -> None:
+        super().report_routed(source, report)
+        self.answer = self.table if self.ft.t - self.t0 > 0.11 else VwTable(0, self.table.owner)
+
+    def poll_table(self, timeout):
+        answer, self.answer = self.answer, None
+        return answer
+
+
+def test_a_paced_source_takes_the_first_plan_before_its_second_batch() -> None:
+    """The first plan misses the first report (0.1 s in). Until a plan
+    reaches it, a paced source reports every FIRST_PLAN_S while it waits, so
+    its second batch (0.5 s in) goes by the plan, not blind; once planned it
+    reports only as it routes."""
+    ft = FakeTime()
+    workers = [WorkerCore(i, WorkerApp(builtin_operator("wordcount")),
+                          WorkerSettings(service_us=0.0), clock=ft.clock, sleep=ft.sleep,
+                          t0=ft.t) for i in range(2)]
+    grouping = make_grouping("acg", 2, seed=0)
+    plan = VwTable(1, np.zeros(grouping.n_virtual, dtype=np.int32))  # all on worker 0
+    plan.owner[0] = 1  # (every worker keeps a VW)
+    control = _Planner(ft, workers, plan)
+    src = SourceCore(0, grouping, DirectTransport(workers),
+                     SourceSettings(n_workers=2, rate_per_source=200.0,
+                                    report_every_s=0.5),
+                     clock=ft.clock, sleep=ft.sleep, t0=ft.t, control=control)
+    t0 = ft.t
+    src.run([pa.table({"key": [f"k{i}" for i in range(100)]}) for _ in range(3)])
+    times = [round(t - t0, 3) for t, r in control.reports if not r.final]
+    assert times[:2] == pytest.approx([FIRST_PLAN_S, 2 * FIRST_PLAN_S], abs=0.01)
+    assert grouping.adopted and grouping.adopted[0][1] == 1
+    assert grouping.adopted[0][0] - t0 < 0.5  # before the second batch was due
+    assert all(t >= 0.5 - 0.01 for t in times[2:])  # then only as it routes
+    assert sum(src.sent_per_worker) == 300
+    assert src.sent_per_worker[1] < 100 + 100  # batches 2 and 3 by the plan: few to worker 1

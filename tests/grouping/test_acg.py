@@ -389,6 +389,35 @@ def test_a_source_that_never_reports_is_waited_for_two_epochs_at_most() -> None:
         assert (ctl.vw_rate is None) == (t < 2.0)
 
 
+
+def test_a_source_reporting_less_often_than_two_epochs_keeps_its_counts() -> None:
+    """Two sources paced at one batch every 1.2 s report that seldom (a
+    report goes as a source routes). Ticks every half second must not take
+    the buckets past their last reports as empty - and then drop the counts
+    that arrive for them: the loads add up to what was routed, and so do the
+    arrivals the backlogs are counted from."""
+    ctl = AcgController(2, 2 * R, t0=0.0, sources=2, epoch_s=0.5)
+    ids = np.arange(2 * R)
+    load = 1000.0  # msgs/s per source
+    events = [(round(0.5 * k, 6), "tick", -1) for k in range(1, 25)]
+    # the first report a tenth of a second in (FIRST_PLAN_S), then one per batch
+    events += [(0.1 if k == 0 else round(0.1 + 0.5 * s + 1.2 * k, 6), "report", s)
+               for s in (0, 1) for k in range(10)]
+    last = {0: 0.0, 1: 0.0}
+    for t, kind, s in sorted(events):
+        if kind == "report":
+            since, last[s] = last[s], t
+            ctl.report_routed(s, since, t, ids, np.full(2 * R, load * (t - since) / (2 * R)))
+        else:
+            for w in (0, 1):
+                ctl.report(w, 500, 0.5, t)
+            ctl.tick(t)
+    assert ctl.vw_rate is not None
+    assert ctl.vw_rate.sum() == pytest.approx(2 * load, rel=0.02)
+    # every message routed up to the last complete bucket arrived at a worker
+    assert ctl._arr_cum[-1].sum() == pytest.approx(2 * load * ctl._arr_t[-1], rel=0.02)
+
+
 # ----------------------------------------------------------------------------- start-up and backlogs
 
 
