@@ -74,6 +74,10 @@ Clock = Callable[[], float]
 #: until its first flush, a worker that reports its rate serves a longer call
 #: in pieces of at most this much emulated work (``WorkerCore._serve``)
 SERVE_PIECE_S = 0.02
+#: an idle worker wakes up at least this often to flush when its cadence is
+#: due (its first rate report ``FIRST_PLAN_S`` in, later ones every
+#: ``report_every_s``), whether or not a call arrives
+IDLE_POLL_S = 0.1
 
 
 @dataclass
@@ -284,6 +288,10 @@ class FlushCadence:
 
     def due(self, now: float) -> bool:
         return now - self.last >= self.every_s
+
+    def due_in(self, now: float) -> float:
+        """Seconds until the next flush is due (<= 0: it is)."""
+        return self.last + self.every_s - now
 
     def flushed(self, now: float) -> None:
         self.last = now
@@ -576,12 +584,20 @@ class WorkerCore:
         """Calls waiting in the queue (not the one in service)."""
         return len(self._queue.queue)  # ``qsize()`` without its lock: a deque's len is atomic
 
+    def idle_poll_s(self) -> float:
+        """How long the processing loop waits for a call before it checks
+        whether a flush is due: until it is, at most ``IDLE_POLL_S`` (the
+        simulator's loop too)."""
+        # (a microsecond at least: a clock that advances by exactly the wait
+        # must get past the due time, not stop a rounding error short of it)
+        return max(1e-6, min(IDLE_POLL_S, self._cadence.due_in(self.clock())))
+
     def run_forever(self) -> None:
         """The processing thread: drain FIFO until ``stop()``. If it dies, every
         queued (and later) batch fails with the error instead of waiting forever."""
         try:
             while not self._stop.is_set():
-                self.step(timeout=min(0.1, self._cadence.aggregate_every_s))
+                self.step(timeout=self.idle_poll_s())
         except BaseException as e:
             self._dead = e
             self._fail_queued()

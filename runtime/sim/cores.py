@@ -394,7 +394,7 @@ def simulate_cores(topo: Topology, inp: SimInput, *, block_rows: int | None = No
         core = workers[w]
         while True:
             vt.wait_until(lambda: core.pending() > 0 or running[0] == 0,
-                          topo.app.aggregate_every_s)
+                          core.idle_poll_s())
             if core.pending() == 0 and running[0] == 0:
                 return
             core.step(timeout=0)

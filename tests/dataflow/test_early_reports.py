@@ -57,6 +57,23 @@ def test_a_reporting_worker_reports_its_rate_during_a_long_first_call() -> None:
     assert w.processed == 100
 
 
+def test_an_idle_worker_wakes_up_when_its_first_report_is_due() -> None:
+    """A worker done with its first call before ``FIRST_PLAN_S`` waits for the
+    next call no longer than until its report is due (the simulator's loop
+    too: it used to wait a whole ``aggregate_every_s``, and the controller's
+    first plan with it)."""
+    ft, flushes = FakeTime(), []
+    w = _worker(ft, flushes, report_every_s=0.5)
+    w.enqueue(0, _call(4, ft.t))  # 20 ms of work
+    assert w.step(timeout=0)
+    assert flushes == []  # not due yet
+    wait = w.idle_poll_s()
+    assert wait == pytest.approx(FIRST_PLAN_S - 4 * 0.005, abs=0.005)
+    ft.sleep(wait)
+    assert not w.step(timeout=0)  # no call: the due flush goes
+    assert len(flushes) == 1 and flushes[0].report.processed == 4
+
+
 def test_a_worker_without_reports_flushes_only_between_calls() -> None:
     ft, flushes = FakeTime(), []
     w = _worker(ft, flushes, report_every_s=None)
