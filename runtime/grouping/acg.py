@@ -5,7 +5,7 @@ signalling:
 
 - **Routing** (every source, as CG): PoRC (``porc_route``) over ``B = n *
   virtual_per_worker`` virtual workers (VWs), then VW -> worker through a
-  table. ``eps`` (default 0.3, not CG's 0.01) bounds every VW's load by
+  table. ``eps`` (default 2, not CG's 0.01) bounds every VW's load by
   ``(1 + eps)`` times the mean while keeping light keys on one VW
   (replication).
 - **What is measured** is independent of the table, so the controller has no
