@@ -221,7 +221,9 @@ def main(argv: list[str] | None = None) -> int:
     with open_engine(args.engine, args.address, topos[0], log_file) as engine:
         rows, series = run_all(topos, engine, out, progress=not args.no_progress, say=say)
     table = markdown_table(rows)
-    offered = f", offered {args.offered:g}x capacity" if args.offered else ", rate 0 (saturated)"
+    rate = topos[0].run.rate
+    offered = (f", offered {args.offered:g}x capacity" if args.offered
+               else f", rate {rate:,.0f} msgs/s" if rate else ", rate 0 (saturated)")
     title = f"{name} on {args.engine}{offered}"
     pd.DataFrame(rows).to_csv(out / "compare.csv", index=False)
     (out / "compare.md").write_text(f"# {title}\n\n{table}\n")

@@ -50,6 +50,7 @@ def test_compare_runs_every_scheme_on_the_same_input(tmp_path: Path, capsys) -> 
     assert by.loc["cg", "throughput_msgs_per_s"] > by.loc["kg", "throughput_msgs_per_s"]
     assert (out / "compare.png").stat().st_size > 0
     md = (out / "compare.md").read_text()
+    assert md.startswith("# cmp on sim, rate 0 (saturated)\n")
     assert "| kg |" in md and "| cg |" in md
     assert "| cg |" in capsys.readouterr().out
     # where each run's time went: only the first run of the session pays the
@@ -69,6 +70,16 @@ def test_offered_sets_the_rate_from_the_capacities(tmp_path: Path) -> None:
     report = json.loads((out / "pkg" / "report.json").read_text())
     full = (1 + 1 + 1 + 0.25) * 1e6 / 50
     assert report["topology"]["rate"] == pytest.approx(0.5 * full)
+    assert (out / "compare.md").read_text().startswith("# cmp on sim, offered 0.5x capacity\n")
+
+
+def test_the_heading_names_the_topologys_own_rate(tmp_path: Path) -> None:
+    """A topology paced by its own ``run.rate`` (no ``--offered``) is not
+    called saturated."""
+    out = tmp_path / "out"
+    assert main([str(write_topology(tmp_path)), "--engine", "sim", "--schemes", "pkg",
+                 "--set", "run.rate=20000", "--out", str(out), "--no-progress"]) == 0
+    assert (out / "compare.md").read_text().startswith("# cmp on sim, rate 20,000 msgs/s\n")
 
 
 @pytest.mark.parametrize(("args", "needle"), [
