@@ -99,21 +99,30 @@ class _Control:
         return {w: self.workers[w].flush_now() for w in workers}
 
 
-def test_a_paced_source_sends_its_first_load_report_while_it_waits() -> None:
-    """At 200 messages/s and batches of 100, the second batch is due 0.5 s in;
-    the first load report still goes FIRST_PLAN_S in."""
-    ft = FakeTime()
-    workers = [WorkerCore(i, WorkerApp(builtin_operator("wordcount")),
-                          WorkerSettings(service_us=0.0), clock=ft.clock, sleep=ft.sleep,
-                          t0=ft.t) for i in range(2)]
-    control = _Control(ft, workers)
-    grouping = make_grouping("acg", 2, seed=0)
+def _instant_workers(ft: FakeTime) -> list[WorkerCore]:
+    return [WorkerCore(i, WorkerApp(builtin_operator("wordcount")),
+                       WorkerSettings(service_us=0.0), clock=ft.clock, sleep=ft.sleep,
+                       t0=ft.t) for i in range(2)]
+
+
+def _run_paced(ft: FakeTime, grouping, workers: list[WorkerCore], control) -> SourceCore:
+    """Three batches of 100 at 200 messages/s: one every 0.5 s."""
     src = SourceCore(0, grouping, DirectTransport(workers),
                      SourceSettings(n_workers=2, rate_per_source=200.0,
                                     report_every_s=0.5),
                      clock=ft.clock, sleep=ft.sleep, t0=ft.t, control=control)
-    t0 = ft.t
     src.run([pa.table({"key": [f"k{i}" for i in range(100)]}) for _ in range(3)])
+    return src
+
+
+def test_a_paced_source_sends_its_first_load_report_while_it_waits() -> None:
+    """At 200 messages/s and batches of 100, the second batch is due 0.5 s in;
+    the first load report still goes FIRST_PLAN_S in."""
+    ft = FakeTime()
+    workers = _instant_workers(ft)
+    control = _Control(ft, workers)
+    t0 = ft.t
+    _run_paced(ft, make_grouping("acg", 2, seed=0), workers, control)
     times = [t - t0 for t, r in control.reports if not r.final]
     assert times and times[0] == pytest.approx(FIRST_PLAN_S, abs=0.01)
     assert control.reports[0][1].vw_counts.sum() == 100  # the first batch, routed at 0
@@ -142,19 +151,13 @@ def test_a_paced_source_takes_the_first_plan_before_its_second_batch() -> None:
     its second batch (0.5 s in) goes by the plan, not blind; once planned it
     reports only as it routes."""
     ft = FakeTime()
-    workers = [WorkerCore(i, WorkerApp(builtin_operator("wordcount")),
-                          WorkerSettings(service_us=0.0), clock=ft.clock, sleep=ft.sleep,
-                          t0=ft.t) for i in range(2)]
+    workers = _instant_workers(ft)
     grouping = make_grouping("acg", 2, seed=0)
     plan = VwTable(1, np.zeros(grouping.n_virtual, dtype=np.int32))  # all on worker 0
     plan.owner[0] = 1  # (every worker keeps a VW)
     control = _Planner(ft, workers, plan)
-    src = SourceCore(0, grouping, DirectTransport(workers),
-                     SourceSettings(n_workers=2, rate_per_source=200.0,
-                                    report_every_s=0.5),
-                     clock=ft.clock, sleep=ft.sleep, t0=ft.t, control=control)
     t0 = ft.t
-    src.run([pa.table({"key": [f"k{i}" for i in range(100)]}) for _ in range(3)])
+    src = _run_paced(ft, grouping, workers, control)
     times = [round(t - t0, 3) for t, r in control.reports if not r.final]
     assert times[:2] == pytest.approx([FIRST_PLAN_S, 2 * FIRST_PLAN_S], abs=0.01)
     assert grouping.adopted and grouping.adopted[0][1] == 1
