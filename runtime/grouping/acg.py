@@ -529,7 +529,7 @@ class AcgController:
         self._last_tick = float(t0)
         self._next_plan = float(t0) + min(FIRST_PLAN_S, self.epoch_s)
         self._arrivals = _ArrivalBuckets(self.n_virtual, float(t0), BUCKET_S)
-        self._routed_to = {}
+        self._routed_to, self._report_gap = {}, {}
         self._arr_t, self._arr_cum = [float(t0)], [np.zeros(self.n_workers)]
         self._owner_log = [(float(t0), self.owner.copy())]
         for st in self.rates:
