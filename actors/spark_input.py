@@ -38,11 +38,13 @@ import logging
 import math
 import os
 import re
+import shutil
 import sys
 import threading
 import time
 import warnings
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
@@ -79,6 +81,35 @@ DRIVER_JVM_CONFS = ("spark.driver.extraJavaOptions", "spark.driver.extraClassPat
 _lock = threading.Lock()
 _session: Any = None
 _session_cpus = 0.0
+#: when this process first started a Spark driver JVM (``remove_jni_copies``)
+_jvm_since: float | None = None
+
+#: Ray's Java runtime in driver mode (Spark's driver JVM, under RayDP) copies
+#: its JNI library to ``/tmp/ray/<epoch ms>/`` when it starts - a path fixed in
+#: Ray's Java code, whatever Ray's temp dir - and never removes it: 40 MB a run
+JNI_COPY_ROOT = Path("/tmp/ray")
+JNI_LIB = "libcore_worker_library_java.so"
+
+
+def remove_jni_copies(since: float, settle_s: float = 2.0) -> int:
+    """Remove the JNI copies (``JNI_COPY_ROOT``) made since ``since`` (epoch
+    seconds), each at least ``settle_s`` old: one another run's JVM is
+    writing right now stays. A copy that a live JVM has loaded can go
+    (Linux keeps an open file until it is closed). Returns how many went."""
+    removed = 0
+    now = time.time()
+    with contextlib.suppress(OSError):
+        for d in JNI_COPY_ROOT.iterdir():
+            if not d.name.isdigit() or int(d.name) < since * 1000:
+                continue
+            try:
+                if now - (d / JNI_LIB).stat().st_mtime < settle_s:
+                    continue
+            except OSError:
+                continue
+            shutil.rmtree(d, ignore_errors=True)
+            removed += 1
+    return removed
 
 
 # --------------------------------------------------------------------------- session
@@ -148,9 +179,11 @@ def launch_driver(executor_memory: str = "1GB", num_executors: int = 1,
     from pyspark.java_gateway import launch_gateway
     from raydp.spark.ray_cluster import SparkCluster
 
+    global _jvm_since
     with SparkContext._lock:
         if SparkContext._gateway is not None:
             return
+        _jvm_since = _jvm_since or time.time()
         os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
         cluster = SparkCluster.__new__(SparkCluster)  # its config step alone: no master yet
         cluster._num_executors, cluster._executor_cores = num_executors, executor_cores
@@ -231,7 +264,7 @@ def start_spark(app_name: str = "hetero-stream", executor_memory: str = "1GB",
     where Spark's driver JVM writes (its stdout and stderr, for good) and
     Ray Data's console messages go (``None``: this process's console).
     """
-    global _session, _session_cpus
+    global _session, _session_cpus, _jvm_since
     if not ray.is_initialized():
         raise RuntimeError(
             "start_spark: Ray is not initialized - call ray.init(...) first "
@@ -242,6 +275,7 @@ def start_spark(app_name: str = "hetero-stream", executor_memory: str = "1GB",
             return _session
         import raydp
 
+        _jvm_since = _jvm_since or time.time()
         _install_load_code_fix()
         # pyspark takes the executors' Python from the driver's PYSPARK_PYTHON
         # (default "python3" on PATH, which lacks our packages); RayDP's
@@ -301,6 +335,8 @@ def stop_spark() -> None:
             raydp.stop_spark()
         finally:
             _session = None
+            if _jvm_since is not None:
+                remove_jni_copies(_jvm_since)
 
 
 # --------------------------------------------------------------------------- dataframe

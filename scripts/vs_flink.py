@@ -205,7 +205,12 @@ class FlinkCluster:
             "python.client.executable": str(self.py),
             "blob.server.port": "0",
             "restart-strategy.type": "none",
+            # blob stores and spill files: under the work dir, removed by stop().
+            # Flink's default (/tmp/tm_<resource-id>) outlives a killed
+            # TaskManager and grew by every job's blobs, run after run
+            "io.tmp.dirs": str(self.workdir / "tmp"),
         }
+        (self.workdir / "tmp").mkdir(parents=True, exist_ok=True)
         d = self.workdir / "conf"
         d.mkdir(parents=True, exist_ok=True)
         for f in ("log4j-console.properties", "log4j.properties", "logback-console.xml"):
@@ -348,6 +353,7 @@ class FlinkCluster:
         for p in self.procs:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 p.wait(timeout=10)
+        shutil.rmtree(self.workdir / "tmp", ignore_errors=True)
 
     def __enter__(self) -> FlinkCluster:
         try:

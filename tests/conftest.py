@@ -11,10 +11,17 @@ fixture): the one fake clock of the fast tests, for code that takes
 
 from __future__ import annotations
 
+import datetime
 import os
+import shutil
 import threading
+import time
+from pathlib import Path
 
 import pytest
+
+#: when this test session began (``pytest_sessionfinish``)
+SESSION_T0 = time.time()
 
 #: logical CPUs for the test cluster: the Spark executor takes 1, the rest
 #: (fractional) source/worker/aggregator actors; the machine has 2 cores
@@ -59,6 +66,37 @@ OWN_CLUSTER_FIRST = frozenset({"test_cluster_e2e.py"})
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     items.sort(key=lambda item: item.path.name not in OWN_CLUSTER_FIRST)  # stable: order kept
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """A passing run removes the Ray session directories (logs, ~40 MB each)
+    that its own clusters left: the e2e tests start ~40, and a machine that
+    runs the suite again and again (CI's) would fill its disk. A failing run
+    keeps them to be read; a cluster still alive (its starter's PID, in the
+    directory's name, is running) is never touched."""
+    if exitstatus != 0:
+        return
+    import ray
+
+    for d in Path(os.environ.get("RAY_TMPDIR", "/tmp/ray")).glob("session_2*_*"):
+        try:  # session_<YYYY-mm-dd_HH-MM-SS_ffffff>_<pid>
+            stamp, pid = d.name.removeprefix("session_").rsplit("_", 1)
+            started = datetime.datetime.strptime(stamp, "%Y-%m-%d_%H-%M-%S_%f").timestamp()
+        except ValueError:
+            continue
+        alive = ray.is_initialized() if int(pid) == os.getpid() else _pid_alive(int(pid))
+        if started >= SESSION_T0 and not alive:
+            shutil.rmtree(d, ignore_errors=True)
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 class FakeTime:

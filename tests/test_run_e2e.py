@@ -12,11 +12,13 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
 
+from actors.spark_input import JNI_COPY_ROOT
 from runtime.grouping import SCHEMES
 from runtime.operators import table_diff
 from runtime.reporting.phases import PHASES
@@ -336,10 +338,14 @@ def test_run_process_is_quiet_and_reports_its_phases(tmp_path) -> None:
     out = tmp_path / "out"
     env = {**os.environ, "RAY_AUTH_MODE": "disabled"}
     env.pop("RAY_ADDRESS", None)
+    t0 = time.time()
     p = subprocess.run([sys.executable, "-m", "runtime.run", str(topo), "--out", str(out),
                         "--no-progress"], cwd=ROOT, capture_output=True, text=True,
                        timeout=600, env=env)
     assert p.returncode == 0, (p.stdout[-2000:], p.stderr[-3000:])
+    # the copy of Ray's JNI library that Spark's driver JVM made is gone (40 MB a run)
+    left = [d.name for d in JNI_COPY_ROOT.glob("[0-9]*") if int(d.name) >= t0 * 1000]
+    assert not left, left
     console = p.stdout.splitlines() + p.stderr.splitlines()
     noise = [ln for ln in console if any(w in ln for w in NOT_OURS)]
     assert not noise, "\n".join(noise)
