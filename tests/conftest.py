@@ -73,18 +73,20 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     that its own clusters left: the e2e tests start ~40, and a machine that
     runs the suite again and again (CI's) would fill its disk. A failing run
     keeps them to be read; a cluster still alive (its starter's PID, in the
-    directory's name, is running) is never touched, nor the one
-    ``session_latest`` names: RayDP's Java agent writes its log under that
-    link, and Ray does not replace a dangling one (every later Spark start
-    on the machine would fail: "Error create log dir")."""
+    directory's name, is running) is never touched, nor one that a link in
+    Ray's temp dir points into (``session_latest``,
+    ``prom_metrics_service_discovery.json``): Ray does not replace a
+    dangling link, and RayDP's Java agent logs under ``session_latest`` -
+    every later Spark start on the machine would fail ("Error create log
+    dir")."""
     if exitstatus != 0:
         return
     import ray
 
     root = Path(os.environ.get("RAY_TMPDIR", "/tmp/ray"))
-    latest = (root / "session_latest").resolve()
+    linked = {p.resolve() for p in root.glob("*") if p.is_symlink()}
     for d in root.glob("session_2*_*"):
-        if d.resolve() == latest:
+        if any(t == d or d in t.parents for t in linked):
             continue
         try:  # session_<YYYY-mm-dd_HH-MM-SS_ffffff>_<pid>
             stamp, pid = d.name.removeprefix("session_").rsplit("_", 1)
