@@ -227,6 +227,50 @@ def test_emitted_windows_leave_the_state_and_never_come_back(tmp_path: Path) -> 
     assert rows == [(0, "a", 1), (0, "b", 1), (10, "a", 1), (20, "c", 2)]
 
 
+@pytest.mark.parametrize("kind", ["wordcount", "aggregate"])
+def test_sliding_windows_are_kept_as_panes_and_emitted_once_each(kind: str) -> None:
+    """Windows of 30 sliding by 10 are kept as panes of 10: a record updates
+    one state, not three. A stream emitting as its watermark moves (records in
+    time order, three workers, a replayed pane after its windows went) gives
+    each window once, equal to the count over its records, and frees a pane
+    once its last window is out."""
+    app = {"kind": kind, "window": {"column": "ts", "size": 30, "slide": 10}}
+    if kind == "aggregate":
+        app.update(value="value", aggs=["count", "sum"])
+    op = operator_for_app(app, ROOT)
+    assert op.op.panes("int") == 3
+    assert operator_for_app({**app, "window": {"column": "ts", "size": 30, "slide": 7}},
+                            ROOT).op.panes("int") == 0  # 30 is no whole number of 7s
+    table = _records(3000, seed=5).sort_by("ts")
+    agg, ws = AggregatorApp(op), [WorkerApp(op) for _ in range(3)]
+    cols = ["key", *op.spec.columns]
+    emitted: list[pa.Table] = []
+    for i in range(0, table.num_rows, 200):
+        part = table.slice(i, 200)
+        batch = pa.RecordBatch.from_pydict({c: part.column(c).combine_chunks() for c in cols})
+        ws[i // 200 % 3].add(batch, hash_arrow(batch.column("key")))
+        for w, worker in enumerate(ws):
+            agg.merge(worker.flush(), w)
+        held = agg.state().windows
+        assert all(p % 10 == 0 for p in held)  # pane starts: one state per slice of 10
+        watermark = (max(t for t in part.column("ts").to_pylist() if t is not None) // 10) * 10
+        emitted.append(agg.emit_windows(watermark))
+        assert all(p + 30 > watermark for p in agg.state().windows)  # freed after its last
+    got = pa.concat_tables([*emitted, agg.result()])
+    ends = [s + 30 for s in got.column("window_start").to_pylist()]
+    assert ends == got.column("window_end").to_pylist()
+    per_window = {}
+    for r in got.to_pylist():
+        assert (r["window_start"], r["key"]) not in per_window  # each window once
+        per_window[(r["window_start"], r["key"])] = r["count"]
+    want = collections.Counter()
+    for k, t in zip(table.column("key").to_pylist(), table.column("ts").to_pylist(), strict=True):
+        if t is not None:
+            for s in _windows_of(t, 30, 10):
+                want[(s, k)] += 1
+    assert per_window == dict(want)
+
+
 def pickle_copy(state: object) -> object:
     import pickle
 

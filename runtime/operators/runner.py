@@ -90,10 +90,10 @@ class AggregatorApp:
             return None
         if not self.snapshots:
             return win.describe(self.total)
-        states = [self._latest[w] for w in sorted(self._latest)]
-        return {"open": sum(len(s.windows) for s in states),
-                "peak_open": sum(max(s.peak, len(s.windows)) for s in states),
-                "no_event_time": sum(s.no_time for s in states), "closed_before": None}
+        stats = [win.describe(self._latest[w]) for w in sorted(self._latest)]
+        return {"open": sum(s["open"] for s in stats),
+                "peak_open": sum(s["peak_open"] for s in stats),
+                "no_event_time": sum(s["no_event_time"] for s in stats), "closed_before": None}
 
     def emit_windows(self, watermark: int) -> pa.Table:
         """A live stream: take out every window that ends at or before

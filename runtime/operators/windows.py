@@ -15,15 +15,26 @@ microseconds for a timestamp column (sizes then in seconds, or with a unit:
 ``window_end`` (int64, or ``timestamp[us, UTC]``), then ``inner``'s columns,
 windows in order.
 
+Sliding windows whose ``size`` is a whole number of ``slide`` s are kept as
+*panes* (Li et al., "No pane, no gain", 2005) when ``inner`` is mergeable: the
+state maps each ``[k*slide, (k+1)*slide)`` slice to one state of ``inner``, a
+record updates its one pane (as for tumbling windows: the work per record
+does not grow with ``size / slide``), and a window is the merge of copies of
+its ``size / slide`` panes when its rows are taken (``table``). Other
+windows keep one state per window, and a record is added to each of its
+windows.
+
 A live stream emits windows as its watermark passes them (``emit``): their
-states leave the total and ``closed`` remembers the bound, so a replayed
-record of an emitted window cannot reopen it. ``describe`` gives the report's
-``window`` block (windows held now and at most, records without a time).
+states leave the total (a pane once its last window is out) and ``closed``
+remembers the bound, so a replayed record of an emitted window cannot reopen
+it. ``describe`` gives the report's ``window`` block (windows held now and
+at most, records without a time).
 """
 
 from __future__ import annotations
 
 import math
+import pickle
 from dataclasses import dataclass
 from typing import Any
 
@@ -123,7 +134,7 @@ def window_starts(ticks: np.ndarray, size: int, slide: int) -> tuple[np.ndarray,
 
 
 class WindowState(SlottedState):
-    """``windows``: window start (ticks) -> the inner operator's state;
+    """``windows``: window (or pane) start (ticks) -> the inner operator's state;
     ``unit``: the event-time column's (``None`` until a record came);
     ``no_time``: records without an event time; ``closed``: windows ending at
     or before it were emitted (``None``: none); ``peak``: most windows held."""
@@ -167,6 +178,40 @@ class Windowed:
             got = self._ticks[unit] = self.window.ticks(unit)
         return got
 
+    def panes(self, unit: str) -> int:
+        """How many panes make a window (module docstring); 0: the state is
+        kept per window."""
+        size, slide, _ = self.lengths(unit)
+        return size // slide if self.mergeable and slide < size and size % slide == 0 else 0
+
+    def _window_starts(self, state: WindowState) -> list[int]:
+        """The windows ``state`` holds a part of and has not emitted, in order."""
+        if not state.windows:
+            return []
+        unit = state.unit or "int"
+        n = self.panes(unit)
+        if not n:
+            return sorted(state.windows)
+        size, slide, _ = self.lengths(unit)
+        starts = {p - j * slide for p in state.windows for j in range(n)}
+        if state.closed is not None:
+            starts = {w for w in starts if w + size > state.closed}
+        return sorted(starts)
+
+    def _window(self, state: WindowState, start: int) -> Any:
+        """Window ``start``'s inner state: its own, or the merge of copies of
+        its panes (``state`` keeps them)."""
+        n = self.panes(state.unit or "int")
+        if not n:
+            return state.windows[start]
+        slide = self.lengths(state.unit or "int")[1]
+        acc = self.inner.create()
+        for p in range(start, start + n * slide, slide):
+            pane = state.windows.get(p)
+            if pane is not None:
+                acc = self.inner.merge(acc, pickle.loads(pickle.dumps(pane, protocol=5)))
+        return acc
+
     # ------------------------------------------------------------ the operator
     def create(self) -> WindowState:
         return WindowState()
@@ -185,7 +230,8 @@ class Windowed:
             batch, ticks = batch.take(pa.array(keep)), ticks[keep]
         if not len(ticks):
             return state
-        starts, rows = window_starts(ticks, size, slide)
+        step = size if not self.panes(unit) else slide  # a pane is a window of one slide
+        starts, rows = window_starts(ticks, step, slide)
         lo, hi = int(starts.min()), int(starts.max())
         if lo == hi and len(rows) == len(ticks):  # the common case: one window
             self._add_to(state, lo, batch)
@@ -219,11 +265,11 @@ class Windowed:
             a.windows[start] = inner if mine is None else self.inner.merge(mine, inner)
         if a.closed is not None:
             self._drop_closed(a)
-        a.peak = max(a.peak, b.peak, len(a.windows))
+        a.peak = max(a.peak, b.peak, len(self._window_starts(a)))
         return a
 
     def finish(self, state: WindowState) -> pa.Table:
-        return self.table(state, sorted(state.windows))
+        return self.table(state, self._window_starts(state))
 
     # ------------------------------------------------------------ windows
     def table(self, state: WindowState, starts: list[int]) -> pa.Table:
@@ -232,7 +278,7 @@ class Windowed:
         size = self.lengths(unit)[0] if starts else 0
         parts = []
         for start in starts:
-            t = self.inner.finish(state.windows[start])
+            t = self.inner.finish(self._window(state, start))
             parts.append(self._with_window(t, start, start + size, unit))
         if not parts:
             return self._with_window(self.inner.finish(self.inner.create()), 0, 0, unit)
@@ -251,17 +297,13 @@ class Windowed:
     def emit(self, state: WindowState, watermark: int) -> pa.Table:
         """Take every window that ends at or before ``watermark`` (ticks) out of
         ``state`` (which then refuses them); their result rows, in order."""
-        unit = state.unit or "int"
-        size = self.lengths(unit)[0]
-        done = sorted(s for s in state.windows if s + size <= watermark)
-        out = self.table(state, done)
-        for s in done:
-            del state.windows[s]
-        if state.closed is None or watermark > state.closed:
-            state.closed = watermark
+        size = self.lengths(state.unit or "int")[0]
+        out = self.table(state, [w for w in self._window_starts(state) if w + size <= watermark])
+        self.close(state, watermark)
         return out
 
     def _drop_closed(self, state: WindowState) -> None:
+        # a pane's last window starts where the pane does: both go at start + size
         size = self.lengths(state.unit or "int")[0]
         closed = state.closed
         assert closed is not None
@@ -275,9 +317,9 @@ class Windowed:
             state.closed = watermark
         self._drop_closed(state)
 
-    @staticmethod
-    def describe(state: WindowState) -> dict[str, Any]:
-        return {"open": len(state.windows), "peak_open": max(state.peak, len(state.windows)),
+    def describe(self, state: WindowState) -> dict[str, Any]:
+        held = len(self._window_starts(state))
+        return {"open": held, "peak_open": max(state.peak, held),
                 "no_event_time": state.no_time, "closed_before": state.closed}
 
 
