@@ -271,6 +271,17 @@ def test_sliding_windows_are_kept_as_panes_and_emitted_once_each(kind: str) -> N
     assert per_window == dict(want)
 
 
+def test_the_emitted_bound_is_the_last_emission_files(tmp_path: Path) -> None:
+    """Emission files in micro-batch order carry growing bounds; the newest is
+    read from the last file alone."""
+    t = pa.table({"window_start": pa.array([0], pa.int64()),
+                  "window_end": pa.array([10], pa.int64()), "key": ["a"], "count": [1]})
+    assert event_time.emitted_bound(tmp_path) is None
+    for batch, bound in ((3, 20), (9, 40), (12, 50)):
+        event_time.write_emission(tmp_path, batch, t, bound)
+    assert event_time.emitted_bound(tmp_path) == 50
+
+
 def pickle_copy(state: object) -> object:
     import pickle
 

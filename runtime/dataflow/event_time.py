@@ -183,13 +183,14 @@ def emission_files(out_dir: str | os.PathLike[str]) -> list[Path]:
 
 
 def emitted_bound(out_dir: str | os.PathLike[str]) -> int | None:
-    """The newest bound an emission file covers (``None``: none written)."""
-    bounds = []
-    for f in emission_files(out_dir):
+    """The newest bound an emission file covers (``None``: none written): the
+    last file's, as the watermark never goes back (one schema read, however
+    many files the stream has written)."""
+    for f in reversed(emission_files(out_dir)):
         meta = pq.read_schema(f).metadata or {}
         if BOUND_KEY in meta:
-            bounds.append(int(meta[BOUND_KEY]))
-    return max(bounds) if bounds else None
+            return int(meta[BOUND_KEY])
+    return None
 
 
 def with_emitted(out_dir: str | os.PathLike[str], open_windows: pa.Table,
