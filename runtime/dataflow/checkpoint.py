@@ -31,8 +31,10 @@ from typing import Any
 CHECKPOINT_DIR = ".checkpoint"
 STATE_FILE = "state.pkl"
 PROCESSES_FILE = "processes.json"
-#: what a checkpoint file says it is (a file of another format is refused)
-FORMAT = "hetero-stream checkpoint 1"
+#: what a checkpoint file says it is (a file of another format is refused).
+#: 2: sliding windows are kept as panes (``runtime.operators.windows``), so a
+#: windowed state of format 1 would be read wrongly
+FORMAT = "hetero-stream checkpoint 2"
 
 
 @dataclasses.dataclass(frozen=True)
