@@ -34,6 +34,7 @@ logs stay under the node temp dirs until the next ``start`` on that port
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shutil
@@ -142,7 +143,11 @@ def ray_env() -> dict[str, str]:
 
 
 def pids_naming(marker: str) -> list[int]:
-    """PIDs of our user's processes whose command line contains ``marker``."""
+    """PIDs of our user's processes whose command line contains ``marker``, or
+    that hold a file open whose path does: a Ray worker's command line is its
+    task's name (``ray::WorkerActor.process``), but its output goes to its
+    node's log directory. One whose raylet was killed while the throttler had
+    it SIGSTOPped never notices and stays, stopped, until it is killed."""
     me, uid = os.getpid(), os.getuid()
     out = []
     for d in Path("/proc").iterdir():
@@ -154,9 +159,20 @@ def pids_naming(marker: str) -> list[int]:
             cmd = (d / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
         except OSError:
             continue
-        if marker in cmd:
+        if marker in cmd or _holds_file_under(d, marker):
             out.append(int(d.name))
     return sorted(out)
+
+
+def _holds_file_under(proc: Path, marker: str) -> bool:
+    try:
+        for fd in (proc / "fd").iterdir():
+            with contextlib.suppress(OSError):
+                if marker in os.readlink(fd):
+                    return True
+    except OSError:
+        pass
+    return False
 
 
 def _exe(pid: int) -> str:
@@ -184,7 +200,11 @@ def _names(pids: list[int]) -> str:
 
 def terminate(pids: list[int], grace_s: float, say: Any = None) -> list[int]:
     """SIGTERM ``pids``, SIGKILL what is left after ``grace_s``; returns the PIDs
-    that survived even SIGKILL (none, normally)."""
+    that survived even SIGKILL (none, normally). SIGCONT first: a stopped
+    process (throttled) acts on SIGTERM only once it runs again."""
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGCONT)
     for sig in (signal.SIGTERM, signal.SIGKILL):
         if sig == signal.SIGKILL and say is not None:
             say(f"  still running {grace_s:.0f} s after SIGTERM, SIGKILL: {_names(pids)}")
