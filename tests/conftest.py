@@ -81,6 +81,7 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     dir")."""
     if exitstatus != 0:
         return
+    import psutil
     import ray
 
     root = Path(os.environ.get("RAY_TMPDIR", "/tmp/ray"))
@@ -93,19 +94,9 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
             started = datetime.datetime.strptime(stamp, "%Y-%m-%d_%H-%M-%S_%f").timestamp()
         except ValueError:
             continue
-        alive = ray.is_initialized() if int(pid) == os.getpid() else _pid_alive(int(pid))
+        alive = ray.is_initialized() if int(pid) == os.getpid() else psutil.pid_exists(int(pid))
         if started >= SESSION_T0 and not alive:
             shutil.rmtree(d, ignore_errors=True)
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 class FakeTime:
