@@ -21,7 +21,12 @@ overshoot also counts a late wake-up (GIL, busy CPU) as a stop.
 
 Safety: every PID ever stopped gets SIGCONT on ``stop()``, when the thread
 exits for any reason (also on exceptions), and at interpreter exit; a
-throttler is also a context manager. A process must never be left stopped.
+throttler is also a context manager. A process must never be left stopped,
+also when the throttler's own process dies at once (SIGKILL, or a Ray actor
+whose raylet is gone): a throttler that signals for real starts a
+``DeadMansSwitch``, a small watchdog process told every PID the throttler
+touches, which resumes them all when the throttler's process ends without
+saying goodbye.
 
 Multi-node: a throttler only signals processes of its own machine. The driver
 runs one in a thread for the workers on its node, and ``ThrottleActor`` (the
@@ -37,6 +42,7 @@ import shutil
 import signal
 import struct
 import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -110,6 +116,85 @@ class StoppedClock:
             self._fd = None
 
 
+#: the watchdog (``python -S -c``): detaches from its parent (so a Ray worker's
+#: exit, which ends its children, does not end it), then reads ``c PID`` (resume
+#: it), ``t PID`` (a cpulimit process: terminate it, it resumes its target),
+#: ``u PID`` (forget a ``t``) and ``q`` (a clean stop: do nothing) lines until
+#: EOF - which comes when the throttler's process ends, however it ends
+WATCHDOG_NAME = "hetero-stream-throttle-watchdog"  # in its command line, with our PID
+_WATCHDOG = """
+import os, signal, sys
+if os.fork():
+    os._exit(0)
+cont, term = set(), set()
+for line in sys.stdin.buffer:
+    op, _, pid = line.strip().partition(b" ")
+    if op == b"q":
+        sys.exit(0)
+    if op == b"u":
+        term.discard(int(pid))
+    elif op in (b"c", b"t"):
+        (cont if op == b"c" else term).add(int(pid))
+for sig, pids in ((signal.SIGTERM, term), (signal.SIGCONT, cont)):
+    for pid in pids:
+        if pid > 1:
+            try:
+                os.kill(pid, sig)
+            except OSError:
+                pass
+"""
+
+
+class DeadMansSwitch:
+    """A watchdog process that resumes every PID it was told of once this
+    process ends without ``close()`` (killed, crashed): it holds the read end of
+    a pipe whose only write end is ours, so it sees EOF exactly then."""
+
+    def __init__(self) -> None:
+        r, w = os.pipe()  # both ends close-on-exec: no other child inherits ours
+        try:
+            launcher = subprocess.Popen(
+                [sys.executable, "-S", "-c", _WATCHDOG, WATCHDOG_NAME, str(os.getpid())],
+                stdin=r, start_new_session=True,
+                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            launcher.wait(timeout=30)  # it forks the watchdog and returns at once
+        except BaseException:
+            os.close(w)
+            raise
+        finally:
+            os.close(r)
+        self._w: int | None = w
+        self._told: set[tuple[str, int]] = set()
+
+    def _say(self, line: str) -> None:
+        if self._w is not None:
+            with contextlib.suppress(OSError):
+                os.write(self._w, line.encode() + b"\n")
+
+    def guard(self, pid: int, op: str = "c") -> None:
+        """``c``: resume ``pid``; ``t``: terminate ``pid`` (a helper process);
+        ``u``: forget a ``t`` (the helper ended: its PID may be reused)."""
+        if op == "u":
+            self._told.discard(("t", pid))
+        elif (op, pid) in self._told:
+            return
+        else:
+            self._told.add((op, pid))
+        self._say(f"{op} {pid}")
+
+    def close(self) -> None:
+        """A clean stop: the watchdog exits and does nothing."""
+        if self._w is not None:
+            self._say("q")
+            os.close(self._w)
+            self._w = None
+
+
+def _switch_for(kill: Callable[[int, int], None]) -> DeadMansSwitch | None:
+    """A switch for a throttler that signals for real (not a test's fake ``kill``)."""
+    return DeadMansSwitch() if kill is os.kill else None
+
+
 class DutyCycleThrottler:
     """Duty-cycle throttling of local PIDs to their capacities; see the module docstring."""
 
@@ -136,7 +221,17 @@ class DutyCycleThrottler:
         self.applied: list[tuple[float, int, float]] = []  # changes applied (time, pid, cap)
         self.error: BaseException | None = None
         self.cycles = 0
+        self._switch: DeadMansSwitch | None = None
         _LIVE.add(self)
+
+    def _track(self, pid: int) -> None:
+        """``pid`` may be stopped from now on: the dead man's switch resumes it."""
+        if pid not in self._ever:
+            self._ever.add(pid)
+            if self._switch is None:
+                self._switch = _switch_for(self.kill)
+            if self._switch is not None:
+                self._switch.guard(pid)
 
     # ------------------------------------------------------------------ configuration
     def set_capacity(self, pid: int, capacity: float) -> None:
@@ -144,7 +239,7 @@ class DutyCycleThrottler:
             raise ValueError(f"capacity must be > 0 (got {capacity} for pid {pid})")
         with self._lock:
             self.capacities[int(pid)] = float(capacity)
-            self._ever.add(int(pid))
+            self._track(int(pid))
             self._publish(int(pid))
 
     def schedule(self, changes: Iterable[tuple[float, int, float]], t0: float) -> None:
@@ -157,7 +252,7 @@ class DutyCycleThrottler:
         while self._schedule and self._schedule[0][0] <= now:
             _, pid, cap = self._schedule.pop(0)
             self.capacities[pid] = cap
-            self._ever.add(pid)
+            self._track(pid)
             self.applied.append((now, pid, cap))
 
     # ------------------------------------------------------------------ signals
@@ -255,6 +350,8 @@ class DutyCycleThrottler:
         for pid in self._ever:
             with contextlib.suppress(OSError):
                 os.unlink(stopped_path(pid))
+        if self._switch is not None:
+            self._switch.close()
         _LIVE.discard(self)
 
     def status(self) -> dict[str, Any]:
@@ -291,18 +388,29 @@ class CpulimitThrottler:
         self._lock = threading.Lock()
         self.applied: list[tuple[float, int, float]] = []
         self.error: BaseException | None = None
+        self._switch: DeadMansSwitch | None = None
         _LIVE.add(self)
 
     def _launch(self, pid: int, cap: float) -> None:
         old = self._procs.pop(pid, None)
         if old is not None:
-            _terminate(old)
+            self._end(old)
             self._cont(pid)
         if cap < 1.0:
             pct = max(1, round(cap * 100))
-            self._procs[pid] = subprocess.Popen(
+            if self._switch is None:
+                self._switch = _switch_for(self.kill)
+            p = self._procs[pid] = subprocess.Popen(
                 [self.binary, "-p", str(pid), "-l", str(pct)],
                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            if self._switch is not None:
+                self._switch.guard(pid)
+                self._switch.guard(p.pid, "t")
+
+    def _end(self, p: subprocess.Popen[bytes]) -> None:
+        _terminate(p)
+        if self._switch is not None:
+            self._switch.guard(p.pid, "u")
 
     def _cont(self, pid: int) -> None:
         try:
@@ -349,7 +457,7 @@ class CpulimitThrottler:
         with self._lock:
             procs, self._procs = self._procs, {}
             for pid, p in procs.items():
-                _terminate(p)
+                self._end(p)
                 self._cont(pid)
             for pid in self.capacities:
                 self._cont(pid)
@@ -359,6 +467,8 @@ class CpulimitThrottler:
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(timeout=5)
         self.release()
+        if self._switch is not None:
+            self._switch.close()
         _LIVE.discard(self)
 
     def status(self) -> dict[str, Any]:

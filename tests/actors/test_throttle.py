@@ -186,3 +186,82 @@ def test_cpulimit_missing_is_a_clear_error() -> None:
 def test_bad_period() -> None:
     with pytest.raises(ValueError, match="period_s"):
         DutyCycleThrottler(0)
+
+
+def _watchdogs(owner: int) -> list[int]:
+    """PIDs of the dead man's switches that ``owner`` started."""
+    import psutil
+
+    found = []
+    for p in psutil.process_iter(["pid", "cmdline"]):
+        cmd = p.info["cmdline"] or []
+        if throttle_mod.WATCHDOG_NAME in cmd and cmd[-1] == str(owner):
+            found.append(p.info["pid"])
+    return found
+
+
+def _wait_until(ok, what: str, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not ok():
+        assert time.monotonic() < deadline, f"not within {timeout:g} s: {what}"
+        time.sleep(0.01)
+
+
+@pytest.mark.e2e
+def test_a_killed_throttlers_stopped_process_is_resumed_by_its_dead_mans_switch() -> None:
+    """The throttler's process is SIGKILLed while its target is stopped (as a Ray
+    throttle actor dies with its raylet): the watchdog resumes the target. Timing
+    free: the throttler is frozen (SIGSTOP) until it is seen holding the target
+    stopped, and only then killed."""
+    target = subprocess.Popen([sys.executable, "-c", "import time\nwhile True: time.sleep(0.01)"])
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    code = (f"import sys, time\nsys.path.insert(0, {root!r})\n"
+            "from actors.throttle import DutyCycleThrottler\n"
+            f"th = DutyCycleThrottler(0.05).start()\nth.set_capacity({target.pid}, 0.05)\n"
+            "print('ready', flush=True)\ntime.sleep(600)\n")
+    thr = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    try:
+        assert thr.stdout is not None and thr.stdout.readline().strip() == "ready"
+        assert len(_watchdogs(thr.pid)) == 1
+        for _ in range(10_000):
+            os.kill(thr.pid, signal.SIGSTOP)
+            _wait_until(lambda: _state(thr.pid) == "T", "the throttler frozen")
+            if _state(target.pid) == "T":
+                break
+            os.kill(thr.pid, signal.SIGCONT)
+            time.sleep(0.003)
+        assert _state(target.pid) == "T"
+        thr.kill()
+        thr.wait()
+        _wait_until(lambda: _state(target.pid) != "T", "the target resumed")
+        _wait_until(lambda: not _watchdogs(thr.pid), "the watchdog gone")
+    finally:
+        thr.kill()
+        os.kill(target.pid, signal.SIGCONT)
+        target.kill()
+        target.wait()
+
+
+@pytest.mark.e2e
+def test_a_cleanly_stopped_throttlers_switch_exits_and_touches_nothing() -> None:
+    target = subprocess.Popen([sys.executable, "-c", "import time\nwhile True: time.sleep(0.01)"])
+    try:
+        th = DutyCycleThrottler(0.05).start()
+        th.set_capacity(target.pid, 0.5)
+        assert len(_watchdogs(os.getpid())) == 1
+        th.stop()
+        _wait_until(lambda: not _watchdogs(os.getpid()), "the watchdog gone")
+        os.kill(target.pid, signal.SIGSTOP)  # ours now, not the throttler's:
+        time.sleep(0.2)  # nothing resumes it
+        assert _state(target.pid) == "T"
+    finally:
+        os.kill(target.pid, signal.SIGCONT)
+        target.kill()
+        target.wait()
+
+
+def test_a_fake_kill_starts_no_watchdog(fake_time) -> None:
+    th = DutyCycleThrottler(0.1, clock=fake_time.clock, kill=FakeKill(fake_time.clock))
+    th.set_capacity(11, 0.5)
+    assert th._switch is None and not _watchdogs(os.getpid())
+    th.stop()
