@@ -128,6 +128,7 @@ class LiveInput:
         self._lock = threading.Lock()
         self.query: Any = None
         self._scratch: str | None = None
+        self._late_files = -1  # in OUT/late/ at the last gather_late
         self._checkpointer: threading.Thread | None = None
 
     def replay_log(self) -> int:
@@ -304,9 +305,11 @@ class LiveInput:
 
     def answer(self, open_windows: pa.Table) -> pa.Table:
         """The stream's answer so far from the aggregator's result: a windowed
-        stream's emitted windows go in too (``event_time.with_emitted``)."""
+        stream's emitted windows go in too (``event_time.with_emitted``), and
+        its late records so far are gathered into ``OUT/late.parquet``."""
         if self.events is None:
             return open_windows
+        self._late_files = event_time.gather_late(self.out_dir, self._late_files)
         return event_time.with_emitted(self.out_dir, open_windows, self.kind)
 
 

@@ -197,7 +197,12 @@ def test_the_event_clock_sends_late_records_away_and_bounds_final_windows(
     assert event_time.EventClock(w, clock.state_at(2)).late_rows == 4
     event_time.write_late(tmp_path, 1, late)
     event_time.write_late(tmp_path, 1, late)  # a replayed micro-batch: the same file
+    assert not (tmp_path / "late.parquet").exists()  # gathered with the result, not per batch
+    assert event_time.gather_late(tmp_path) == 1
     assert pq.read_table(tmp_path / "late.parquet").num_rows == 2
+    event_time.write_late(tmp_path, 2, late.slice(0, 1))
+    assert event_time.gather_late(tmp_path, seen=1) == 2
+    assert pq.read_table(tmp_path / "late.parquet").num_rows == 3
 
 
 def test_emitted_windows_leave_the_state_and_never_come_back(tmp_path: Path) -> None:

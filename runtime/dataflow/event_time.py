@@ -5,7 +5,7 @@ The stream's *watermark* is the newest event time handed over so far. A
 micro-batch is judged against the watermark of the micro-batches before it:
 a record more than ``lateness`` behind it is *late*. Late records leave the
 stream before the sources (``OUT/late/<batch>.parquet``, gathered into
-``OUT/late.parquet``); they are counted per source, never merged into a
+``OUT/late.parquet`` with each result snapshot); they are counted per source, never merged into a
 window. So no record that still counts is older than ``watermark -
 lateness``: at a checkpoint's cut after micro-batch ``B`` (every record of
 ``B`` and before committed), every window ending at or before
@@ -145,15 +145,25 @@ class EventClock:
 # ------------------------------------------------------------------ files
 
 def write_late(out_dir: str | os.PathLike[str], batch_id: int, late: pa.Table) -> None:
-    """Keep micro-batch ``batch_id``'s late records (the same file again on a
-    replay) and rewrite ``OUT/late.parquet``: all of them, in batch order."""
-    out = Path(out_dir)
-    path = out / LATE_DIR / f"{int(batch_id):012d}.parquet"
+    """Keep micro-batch ``batch_id``'s late records in ``OUT/late/`` (the same
+    file again on a replay). ``gather_late`` puts them in ``OUT/late.parquet``."""
+    path = Path(out_dir) / LATE_DIR / f"{int(batch_id):012d}.parquet"
     if not path.exists():
         write_parquet_atomic(late, path)
-    files = sorted((out / LATE_DIR).glob("*.parquet"))
-    write_parquet_atomic(pa.concat_tables([pq.read_table(f) for f in files],
-                                   promote_options="permissive"), out / LATE_FILE)
+
+
+def gather_late(out_dir: str | os.PathLike[str], seen: int = -1) -> int:
+    """Rewrite ``OUT/late.parquet``: every late record, in batch order, when
+    ``OUT/late/`` holds files beyond the ``seen`` ones; the count of files.
+    Called with each result snapshot and at the end of a stream (not per
+    micro-batch: a stream with late records in every batch would rewrite
+    all of them each time)."""
+    out = Path(out_dir)
+    files = sorted((out / LATE_DIR).glob("*.parquet")) if (out / LATE_DIR).exists() else []
+    if files and len(files) != seen:
+        write_parquet_atomic(pa.concat_tables([pq.read_table(f) for f in files],
+                                              promote_options="permissive"), out / LATE_FILE)
+    return len(files)
 
 
 def write_emission(out_dir: str | os.PathLike[str], batch_id: int, table: pa.Table,
@@ -209,4 +219,5 @@ def with_emitted(out_dir: str | os.PathLike[str], open_windows: pa.Table,
 
 
 __all__ = ["BOUND_KEY", "LATE_DIR", "LATE_FILE", "WINDOWS_DIR", "EventClock", "emission_files",
-           "emitted_bound", "window_ends", "with_emitted", "write_emission", "write_late"]
+           "emitted_bound", "gather_late", "window_ends", "with_emitted", "write_emission",
+           "write_late"]
