@@ -20,11 +20,13 @@ setup: $(STAMP)
 demo: $(STAMP)
 	$(BIN)/python -m runtime.run topologies/demo.yaml
 
+# two processes: the end-to-end tests run one after another in one of them (they
+# share one Ray + Spark session; tests/conftest.py), the fast tests beside them
 test: $(STAMP)
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n 2 --dist loadgroup
 
 test-fast: $(STAMP)
-	$(BIN)/python -m pytest -q -m "not e2e"
+	$(BIN)/python -m pytest -q -m "not e2e" -n 2
 
 test-e2e: $(STAMP)
 	$(BIN)/python -m pytest -q -m e2e

@@ -66,6 +66,12 @@ OWN_CLUSTER_FIRST = frozenset({"test_cluster_e2e.py"})
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     items.sort(key=lambda item: item.path.name not in OWN_CLUSTER_FIRST)  # stable: order kept
+    # under pytest-xdist (``make test``: ``-n 2 --dist loadgroup``) every e2e test
+    # goes to the same process, in this order: one Ray + Spark session, and the
+    # own-cluster tests before it; the fast tests are shared out beside them
+    for item in items:
+        if item.get_closest_marker("e2e"):
+            item.add_marker(pytest.mark.xdist_group("e2e"))
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
