@@ -20,8 +20,8 @@ setup: $(STAMP)
 demo: $(STAMP)
 	$(BIN)/python -m runtime.run topologies/demo.yaml
 
-# two processes: the end-to-end tests run one after another in one of them (they
-# share one Ray + Spark session; tests/conftest.py), the fast tests beside them
+# two processes: the files with end-to-end tests run one after another in one of
+# them (one Ray + Spark session; tests/conftest.py), the other tests beside them
 test: $(STAMP)
 	$(BIN)/python -m pytest -q -n 2 --dist loadgroup
 
