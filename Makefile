@@ -20,13 +20,11 @@ setup: $(STAMP)
 demo: $(STAMP)
 	$(BIN)/python -m runtime.run topologies/demo.yaml
 
-# two processes: the files with end-to-end tests run one after another in one of
-# them (one Ray + Spark session; tests/conftest.py), the other tests beside them
 test: $(STAMP)
-	$(BIN)/python -m pytest -q -n 2 --dist loadgroup
+	$(BIN)/python -m pytest -q
 
 test-fast: $(STAMP)
-	$(BIN)/python -m pytest -q -m "not e2e" -n 2
+	$(BIN)/python -m pytest -q -m "not e2e"
 
 test-e2e: $(STAMP)
 	$(BIN)/python -m pytest -q -m e2e

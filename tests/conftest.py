@@ -68,32 +68,6 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     items.sort(key=lambda item: item.path.name not in OWN_CLUSTER_FIRST)  # stable: order kept
 
 
-def _has_e2e_tests(path: str, _seen: dict[str, bool] = {}) -> bool:  # noqa: B006 - a cache
-    """Whether the test file ``path`` (relative to the checkout) marks any test e2e."""
-    if path not in _seen:
-        f = Path(__file__).resolve().parent.parent / path
-        _seen[path] = f.is_file() and "mark.e2e" in f.read_text()
-    return _seen[path]
-
-
-def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
-    """``make test`` (``-n 2 --dist loadgroup``): every test of a file with e2e
-    tests goes to one process, in collection order - one Ray + Spark session,
-    the own-cluster tests first - while the other process runs the fast tests
-    beside it, one at a time as it frees. (pytest-xdist's own ``xdist_group``
-    marks do not group under pytest 9: it renames ``item._nodeid``, which
-    pytest 9 no longer reads.)"""
-    if config.getvalue("dist") != "loadgroup":
-        return None
-    from xdist.scheduler import LoadScopeScheduling
-
-    class E2eInOrder(LoadScopeScheduling):
-        def _split_scope(self, nodeid: str) -> str:
-            return "e2e" if _has_e2e_tests(nodeid.split("::", 1)[0]) else nodeid
-
-    return E2eInOrder(config, log)
-
-
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     """A passing run removes the Ray session directories (logs, ~40 MB each)
     that its own clusters left: the e2e tests start ~40, and a machine that
@@ -211,4 +185,3 @@ def start_then_kill_mid_file(cmd: list[str], cwd, counted, first_rows: int, drop
     finally:
         if first.poll() is None:
             first.kill()
-
