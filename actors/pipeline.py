@@ -411,7 +411,6 @@ class _PipelineRun:
         self.stops = StopRequests()
         self.stream: stream_mod.LiveInput | None = None
         self.loader: FeedLoad | None = None  # a finite input, handed over as Spark reads it
-        self.sources: list[Any] = []  # the source actors (create_sources)
         self.stopped_by: str | None = None
         self.lag_max = 0
         self.history: list[dict[str, Any]] = []  # earlier attempts (run_with_restarts)
@@ -475,22 +474,28 @@ class _PipelineRun:
                                     count_distinct=_counts_input_keys(topo))
             self.clock.input_part("plan", time.time() - t_load)
             self.actors.append(self.loader.feed)
-            self.shards = self.loader.shards
-            self.create_sources()  # their processes start while Spark reads the first block
             t_first = time.time()
             self.loader.start()
             self.clock.input_part("first_block", time.time() - t_first)
-            self.total = self.loader.messages
+            self.shards, self.total = self.loader.shards, self.loader.messages
             say(f"[{topo.name}] input: the first block in {time.time() - t_load:.1f} s, "
                 f"the sources start on it while Spark reads on; actors in Ray namespace "
                 f"{self.namespace}")
         self.load_s = time.time() - t_load
 
     # ------------------------------------------------------------------ 2. sources
-    def create_sources(self) -> None:
-        """The source actors on ``self.shards`` (not waited for: ``start_actors``)."""
-        topo, namespace, actors, agg, workers, inactive = (
-            self.topo, self.namespace, self.actors, self.agg, self.workers, self.inactive)
+    def start_actors(self) -> None:
+        """Wait for the workers; the sources and the ``Supervisor`` over them."""
+        topo, n, namespace = self.topo, self.n, self.namespace
+        actors, agg, workers, inactive = self.actors, self.agg, self.workers, self.inactive
+        t_workers = time.time()
+        # bounded: a placement the cluster cannot serve now fails instead of hanging
+        self.pids = cluster_mod.wait_for_actors([w.pid.remote() for w in workers],
+                                                [f"worker-{i}" for i in range(n)],
+                                                topo.placement)
+        self.nodes = ray.get([w.node_id.remote() for w in workers])
+        self.clock.input_part("workers", time.time() - t_workers)  # (started before the load)
+
         Source = source_mod.actor_class()
         shards = self.shards
 
@@ -507,27 +512,11 @@ class _PipelineRun:
             actors.append(src)
             return src
 
-        self.make_source = make_source
-        self.sources = [make_source(s) for s in range(topo.sources)]
-
-    def start_actors(self) -> None:
-        """Wait for the workers, then the sources (created now if the load did
-        not), and set up the ``Supervisor`` over them."""
-        topo, n = self.topo, self.n
-        agg, workers = self.agg, self.workers
-        t_workers = time.time()
-        # bounded: a placement the cluster cannot serve now fails instead of hanging
-        self.pids = cluster_mod.wait_for_actors([w.pid.remote() for w in workers],
-                                                [f"worker-{i}" for i in range(n)],
-                                                topo.placement)
-        self.nodes = ray.get([w.node_id.remote() for w in workers])
-        self.clock.input_part("workers", time.time() - t_workers)  # (started before the load)
-        if not self.sources:  # a live stream: fed micro-batches, not shards
-            self.create_sources()
-        sources, make_source = self.sources, self.make_source
+        sources = [make_source(s) for s in range(topo.sources)]
         t_sources = time.time()
         ray.get([s.prepare.remote() for s in sources])  # grouping compiled, first batch read
         self.clock.input_part("sources", time.time() - t_sources)
+        self.sources = sources
         self.faults = faults_mod.Supervisor(topo, workers, sources, agg, make_source, self.say)
         self.cluster_info = cluster_mod.cluster_summary(
             {"aggregator": agg, **{f"worker-{i}": w for i, w in enumerate(workers)},
