@@ -33,6 +33,7 @@ Key conventions (same as ``runtime.operators`` and ``runtime.hashing``):
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import logging
 import math
@@ -40,6 +41,7 @@ import os
 import re
 import shutil
 import sys
+import tempfile
 import threading
 import time
 import warnings
@@ -110,6 +112,56 @@ def remove_jni_copies(since: float, settle_s: float = 2.0) -> int:
             shutil.rmtree(d, ignore_errors=True)
             removed += 1
     return removed
+
+
+#: the prefix of this process's Spark scratch directory (``scratch_dir``)
+SCRATCH_PREFIX = "hetero-spark-"
+_scratch: Path | None = None
+_scratch_lock = threading.Lock()
+
+
+def scratch_dir() -> Path:
+    """This process's Spark scratch directory, ``<tmp>/hetero-spark-<pid>-*``,
+    made on first use and removed when the process exits.
+
+    Spark's JVMs write their temporary files into ``java.io.tmpdir`` and
+    ``spark.local.dir`` (``/tmp`` unless told): the extracted native
+    libraries (``liblz4-java-*.so``, snappy), ``spark-*`` and ``blockmgr-*``.
+    RayDP's executors end by ``ray.kill``, so their shutdown hooks never
+    delete them: before this, every session left them in ``/tmp``. A
+    directory left by a process that was killed (its pid gone) is removed
+    the next time one is made."""
+    global _scratch
+    with _scratch_lock:
+        if _scratch is None:
+            root = Path(tempfile.gettempdir())
+            for old in root.glob(f"{SCRATCH_PREFIX}*"):
+                pid = old.name[len(SCRATCH_PREFIX):].split("-", 1)[0]
+                if pid.isdigit() and not _pid_alive(int(pid)):
+                    shutil.rmtree(old, ignore_errors=True)
+            _scratch = Path(tempfile.mkdtemp(prefix=f"{SCRATCH_PREFIX}{os.getpid()}-"))
+            atexit.register(shutil.rmtree, _scratch, ignore_errors=True)
+        return _scratch
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's: alive
+        return True
+    return True
+
+
+def _all_nodes_local() -> bool:
+    """Whether every live Ray node runs on this machine (an executor's
+    ``java.io.tmpdir`` must exist where it runs: only then is it ours)."""
+    try:
+        here = ray.util.get_node_ip_address()
+        return all(n["NodeManagerAddress"] == here for n in ray.nodes() if n["Alive"])
+    except Exception:  # noqa: BLE001 - unknown: leave the executors' default
+        return False
 
 
 # --------------------------------------------------------------------------- session
@@ -282,7 +334,7 @@ def start_spark(app_name: str = "hetero-stream", executor_memory: str = "1GB",
         # driver is not started by spark-submit, so spark.pyspark.python alone
         # is not enough
         os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-        configs = _session_configs(extra_configs)
+        configs = _session_configs(extra_configs, executors_local=_all_nodes_local())
         with output_to(log_file):
             spark = raydp.init_spark(
                 app_name=app_name,
@@ -298,12 +350,21 @@ def start_spark(app_name: str = "hetero-stream", executor_memory: str = "1GB",
         return spark
 
 
-def _session_configs(extra_configs: dict[str, str] | None) -> dict[str, str]:
-    """The Spark settings ``start_spark`` hands RayDP (``extra_configs`` on top)."""
+def _session_configs(extra_configs: dict[str, str] | None, *,
+                     executors_local: bool = False) -> dict[str, str]:
+    """The Spark settings ``start_spark`` hands RayDP (``extra_configs`` on top).
+    The driver's and RayDP master's temporary files go to ``scratch_dir()``, and
+    the executors' too when they run on this machine (``executors_local``);
+    Spark's local dirs there everywhere (Spark makes them where missing)."""
+    tmp = scratch_dir()
+    here = f"-Djava.io.tmpdir={tmp}"
     configs = {
-        "spark.executor.extraJavaOptions": JAVA17_OPTIONS,
-        "spark.driver.extraJavaOptions": f"{JAVA17_OPTIONS} {PLANNER_JVM_OPTIONS}",
-        "spark.ray.raydp_app_master.extraJavaOptions": f"{JAVA17_OPTIONS} {PLANNER_JVM_OPTIONS}",
+        "spark.executor.extraJavaOptions": f"{JAVA17_OPTIONS} {here}" if executors_local
+        else JAVA17_OPTIONS,
+        "spark.driver.extraJavaOptions": f"{JAVA17_OPTIONS} {PLANNER_JVM_OPTIONS} {here}",
+        "spark.ray.raydp_app_master.extraJavaOptions":
+            f"{JAVA17_OPTIONS} {PLANNER_JVM_OPTIONS} {here}",
+        "spark.local.dir": str(tmp),
         "spark.ui.showConsoleProgress": "false",
         "spark.ui.enabled": "false",
         # mapInArrow/generators must run with this interpreter (our venv)

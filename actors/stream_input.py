@@ -129,6 +129,7 @@ class LiveInput:
         self.query: Any = None
         self._scratch: str | None = None
         self._late_files = -1  # in OUT/late/ at the last gather_late
+        self._emitted = event_time.EmittedWindows(out_dir)
         self._checkpointer: threading.Thread | None = None
 
     def replay_log(self) -> int:
@@ -310,7 +311,7 @@ class LiveInput:
         if self.events is None:
             return open_windows
         self._late_files = event_time.gather_late(self.out_dir, self._late_files)
-        return event_time.with_emitted(self.out_dir, open_windows, self.kind)
+        return event_time.with_emitted(self.out_dir, open_windows, self.kind, self._emitted)
 
 
 class _Stopping(RuntimeError):

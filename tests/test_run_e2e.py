@@ -12,13 +12,14 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
 
-from actors.spark_input import JNI_COPY_ROOT
+from actors.spark_input import JNI_COPY_ROOT, SCRATCH_PREFIX
 from runtime.grouping import SCHEMES
 from runtime.operators import table_diff
 from runtime.reporting.phases import PHASES
@@ -123,7 +124,8 @@ def _check_phases(report: dict, *, in_session: bool) -> None:
 TOPK = str(ROOT / "examples" / "operators" / "topk.py") + ":TopK"
 ALL_AGGS = ["count", "sum", "min", "max", "mean"]
 
-# Every scheme runs the word count below, and one of the two other families
+# Every scheme runs the word count (windowed: tests/test_windows_e2e.py), and
+# one of the two other families
 # (an aggregate of records with nulls, or a user's operator): each family
 # still meets schemes that keep a key on one worker (kg, ch, fish, wrr...) and
 # schemes that split it (sg, pkg, cg, acg...). What depends on the scheme
@@ -191,7 +193,14 @@ def test_aggregate_of_integers_with_nulls_and_null_keys_equals_spark(ray_spark, 
     assert got[-1]["key"] is None  # null keys: one group, last
 
 
-@pytest.mark.parametrize("scheme", sorted(SCHEMES))
+# The word count under every scheme runs windowed (sliding windows: the same
+# routing, splitting and merging, per window) in tests/test_windows_e2e.py;
+# here, plain, under a scheme of each kind: a key kept on one worker, split
+# over two, over all of them, by capacity, by a coordinated table.
+PLAIN_WORDCOUNT_SCHEMES = ["kg", "pkg", "sg", "wrr", "acg"]
+
+
+@pytest.mark.parametrize("scheme", PLAIN_WORDCOUNT_SCHEMES)
 def test_wordcount_real_stream_equals_spark(ray_spark, tmp_path, scheme) -> None:
     topo = _topology(scheme, {"format": "parquet", "path": FILES, "limit": 30_000})
     _run_and_check(ray_spark, topo, tmp_path / "run")
@@ -327,6 +336,12 @@ NOT_OURS = ("WARN", "ERROR", "gcs_client", "log4j", "NativeCodeLoader", "Progres
             "setLogLevel", "Dataset ")
 
 
+def _spark_temp_files() -> set[str]:
+    root = Path(tempfile.gettempdir())
+    return {p.name for pattern in ("liblz4-java-*", "snappy-*", "spark-*", "blockmgr-*",
+                                   f"{SCRATCH_PREFIX}*") for p in root.glob(pattern)}
+
+
 def test_run_process_is_quiet_and_reports_its_phases(tmp_path) -> None:
     """A real ``runtime.run`` (its own Ray and Spark): the console has only our
     lines - Spark's, log4j's and Ray's start-up chatter is in OUT/engine.log -
@@ -339,10 +354,14 @@ def test_run_process_is_quiet_and_reports_its_phases(tmp_path) -> None:
     env = {**os.environ, "RAY_AUTH_MODE": "disabled"}
     env.pop("RAY_ADDRESS", None)
     t0 = time.time()
+    tmp_before = _spark_temp_files()
     p = subprocess.run([sys.executable, "-m", "runtime.run", str(topo), "--out", str(out),
                         "--no-progress"], cwd=ROOT, capture_output=True, text=True,
                        timeout=600, env=env)
     assert p.returncode == 0, (p.stdout[-2000:], p.stderr[-3000:])
+    # Spark's JVMs wrote their temporary files (native libraries, spark-*, blockmgr-*)
+    # into the run's scratch directory, which went with the process
+    assert _spark_temp_files() - tmp_before == set()
     # the copy of Ray's JNI library that Spark's driver JVM made is gone (40 MB a run)
     left = [d.name for d in JNI_COPY_ROOT.glob("[0-9]*") if int(d.name) >= t0 * 1000]
     assert not left, left

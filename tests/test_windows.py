@@ -205,7 +205,8 @@ def test_the_event_clock_sends_late_records_away_and_bounds_final_windows(
     assert pq.read_table(tmp_path / "late.parquet").num_rows == 3
 
 
-def test_emitted_windows_leave_the_state_and_never_come_back(tmp_path: Path) -> None:
+def test_emitted_windows_leave_the_state_and_never_come_back(tmp_path: Path,
+                                                             monkeypatch) -> None:
     """Emit, then a replayed record of an emitted window (a resumed stream)
     changes nothing; the stream's answer is every emitted window plus the open."""
     app = {"kind": "wordcount", "window": {"column": "ts", "size": 10}}
@@ -230,6 +231,24 @@ def test_emitted_windows_leave_the_state_and_never_come_back(tmp_path: Path) -> 
     answer = event_time.with_emitted(tmp_path, resumed.result(), "wordcount")
     rows = [(r["window_start"], r["key"], r["count"]) for r in answer.to_pylist()]
     assert rows == [(0, "a", 1), (0, "b", 1), (10, "a", 1), (20, "c", 2)]
+    # a stream's reader of its emissions reads each file once, and the new ones
+    reads: list[str] = []
+    real_read = event_time.pq.read_table
+
+    def counted(path, *a, **k):
+        reads.append(Path(path).name)
+        return real_read(path, *a, **k)
+
+    monkeypatch.setattr(event_time.pq, "read_table", counted)
+    emitted = event_time.EmittedWindows(tmp_path)
+    for _ in range(3):
+        again = event_time.with_emitted(tmp_path, resumed.result(), "wordcount", emitted)
+        assert again.equals(answer)
+    later = agg.emit_windows(30)  # c's window
+    assert event_time.write_emission(tmp_path, 5, later, 30) is not None
+    last = event_time.with_emitted(tmp_path, resumed.result().slice(0, 0), "wordcount", emitted)
+    assert [(r["window_start"], r["key"]) for r in last.to_pylist()][-1] == (20, "c")
+    assert reads == ["000000000003.parquet", "000000000005.parquet"]
 
 
 @pytest.mark.parametrize("kind", ["wordcount", "aggregate"])

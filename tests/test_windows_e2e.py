@@ -1,8 +1,9 @@
 """Event-time windows end to end on the real engine (Spark/RayDP -> Ray):
 
 - a finite input (real commit times, out of order, with null times and null
-  keys) under key-splitting and key-keeping schemes equals Spark's
-  ``groupBy(window(ts, size, slide), key)``;
+  keys) equals Spark's ``groupBy(window(ts, size, slide), key)``: the word
+  count under every scheme, the other apps under a key-splitting and a
+  key-keeping one;
 - a live stream, its driver killed mid-file and resumed, with late records:
   ``result.parquet`` equals Spark's windowed ``groupBy`` over every record
   that was not late, every window in ``OUT/windows/`` is emitted once and
@@ -25,6 +26,7 @@ import pyarrow.parquet as pq
 import pytest
 from conftest import start_then_kill_mid_file
 
+from runtime.grouping import SCHEMES
 from runtime.operators import table_diff
 from runtime.topology import load_topology
 
@@ -52,15 +54,9 @@ def commits(tmp_path_factory) -> Path:
     return path
 
 
-@pytest.mark.parametrize("scheme,app", [
-    ("kg", {"kind": "wordcount"}),
-    ("pkg", {"kind": "wordcount"}),
-    ("acg", {"kind": "wordcount"}),
-    ("wrr", {"kind": "heavy-hitters", "top_k": 5}),
-    ("cg", {"kind": "aggregate", "value": "ts", "aggs": ["count", "min", "max"]}),
-])
-def test_a_windowed_finite_input_equals_sparks_windowed_groupby(ray_spark, tmp_path, commits,
-                                                                scheme, app) -> None:
+def _windowed_run(spark, out: Path, commits: Path, scheme: str, app: dict) -> None:
+    """Sliding windows (30 days, every 10) over ``commits``: the result equals
+    Spark's ``groupBy(window(ts, 30 days, 10 days), key)`` with the same aggregates."""
     from actors.pipeline import run_pipeline
     from actors.spark_input import build_dataframe, reference_result
 
@@ -74,10 +70,9 @@ def test_a_windowed_finite_input_equals_sparks_windowed_groupby(ray_spark, tmp_p
                 "window": {"column": "ts", "size": 30 * DAY, "slide": 10 * DAY}},
         "run": {"batch": 500, "seed": 1},
     }, check_input=True)
-    df = build_dataframe(ray_spark, topo)
+    df = build_dataframe(spark, topo)
     ref = reference_result(df, topo.app.model_dump())
-    out = tmp_path / "run"
-    run_pipeline(topo, out, ray_spark, progress=False, log=lambda m: None, df=df)
+    run_pipeline(topo, out, spark, progress=False, log=lambda m: None, df=df)
     got = pq.read_table(out / "result.parquet")
     assert got.column_names[:3] == ["window_start", "window_end", "key"]
     assert got.num_rows == ref.num_rows > 40
@@ -88,6 +83,21 @@ def test_a_windowed_finite_input_equals_sparks_windowed_groupby(ray_spark, tmp_p
     assert windows["no_event_time"] == len(range(0, 30_000, 97))  # in no window, as in Spark
     assert windows["peak_open"] >= windows["open"] == len(set(
         got.column("window_start").to_pylist()))
+
+
+@pytest.mark.parametrize("scheme", sorted(SCHEMES))
+def test_a_windowed_word_count_equals_sparks_windowed_groupby_under_every_scheme(
+        ray_spark, tmp_path, commits, scheme) -> None:
+    _windowed_run(ray_spark, tmp_path / "run", commits, scheme, {"kind": "wordcount"})
+
+
+@pytest.mark.parametrize("scheme,app", [
+    ("wrr", {"kind": "heavy-hitters", "top_k": 5}),
+    ("cg", {"kind": "aggregate", "value": "ts", "aggs": ["count", "min", "max"]}),
+])
+def test_other_windowed_apps_equal_sparks_windowed_groupby(ray_spark, tmp_path, commits,
+                                                           scheme, app) -> None:
+    _windowed_run(ray_spark, tmp_path / "run", commits, scheme, app)
 
 
 def _drop(table: pa.Table, directory: Path, name: str) -> None:

@@ -203,21 +203,40 @@ def emitted_bound(out_dir: str | os.PathLike[str]) -> int | None:
     return None
 
 
+class EmittedWindows:
+    """The windows a live stream has emitted (``OUT/windows/``), each file read
+    once: files are written once and never rewritten, so a result snapshot
+    reads only the ones new since the last (before, every snapshot read every
+    emission of the stream so far)."""
+
+    def __init__(self, out_dir: str | os.PathLike[str]) -> None:
+        self.out_dir = out_dir
+        self._read: set[str] = set()
+        self._parts: list[pa.Table] = []
+
+    def tables(self) -> list[pa.Table]:
+        for f in emission_files(self.out_dir):
+            if f.name not in self._read:
+                self._parts.append(pq.read_table(f).replace_schema_metadata(None))
+                self._read.add(f.name)
+        return self._parts
+
+
 def with_emitted(out_dir: str | os.PathLike[str], open_windows: pa.Table,
-                 kind: str) -> pa.Table:
+                 kind: str, emitted: EmittedWindows | None = None) -> pa.Table:
     """A live stream's whole answer: every emitted window, then the open ones
-    (``open_windows``, the aggregator's result), in result order."""
+    (``open_windows``, the aggregator's result), in result order. ``emitted``:
+    the stream's reader of its emissions, kept between calls."""
     from runtime.operators.tables import sort_result
 
-    files = emission_files(out_dir)
-    if not files:
+    parts = (emitted or EmittedWindows(out_dir)).tables()
+    if not parts:
         return open_windows
-    parts = [pq.read_table(f).replace_schema_metadata(None) for f in files]
     t = pa.concat_tables([*parts, open_windows.replace_schema_metadata(None)],
                          promote_options="permissive")
     return sort_result(t, kind)
 
 
-__all__ = ["BOUND_KEY", "LATE_DIR", "LATE_FILE", "WINDOWS_DIR", "EventClock", "emission_files",
-           "emitted_bound", "gather_late", "window_ends", "with_emitted", "write_emission",
-           "write_late"]
+__all__ = ["BOUND_KEY", "LATE_DIR", "LATE_FILE", "WINDOWS_DIR", "EmittedWindows", "EventClock",
+           "emission_files", "emitted_bound", "gather_late", "window_ends", "with_emitted",
+           "write_emission", "write_late"]

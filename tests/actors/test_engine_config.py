@@ -1,6 +1,12 @@
-"""The Ray settings a run brings: calls inline up to ``INLINE_ARGS_BYTES``."""
+"""The settings a run brings: Ray calls inline up to ``INLINE_ARGS_BYTES``; Spark's
+scratch directory."""
 
 from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import tempfile
 
 import pytest
 
@@ -47,3 +53,32 @@ def test_rays_token_auth_notice_goes_to_the_engine_log(tmp_path) -> None:
         assert not (tmp_path / "quiet.log").exists()  # nothing said: no file
     finally:
         ray_logger.removeHandler(console)
+
+
+def test_the_spark_scratch_dir_is_the_sessions_and_a_dead_ones_is_removed(
+        tmp_path, monkeypatch) -> None:
+    """Spark's JVMs write their temporary files into this process's scratch
+    directory (removed at exit); one left by a killed process (its pid gone)
+    is removed when the next is made. Fresh module state: no session needed."""
+    from actors import spark_input
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    monkeypatch.setattr(spark_input, "_scratch", None)
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    stale = tmp_path / f"{spark_input.SCRATCH_PREFIX}{dead.pid}-x"
+    (stale / "spark-1").mkdir(parents=True)
+    alive = tmp_path / f"{spark_input.SCRATCH_PREFIX}{os.getppid()}-y"  # a live process's
+    alive.mkdir()
+    d = spark_input.scratch_dir()
+    assert d.parent == tmp_path and d.name.startswith(f"hetero-spark-{os.getpid()}-")
+    assert not stale.exists() and alive.exists()
+    assert spark_input.scratch_dir() == d  # once per process
+    conf = spark_input._session_configs(None, executors_local=False)
+    assert conf["spark.local.dir"] == str(d)
+    assert f"-Djava.io.tmpdir={d}" in conf["spark.driver.extraJavaOptions"]
+    assert f"-Djava.io.tmpdir={d}" in conf["spark.ray.raydp_app_master.extraJavaOptions"]
+    # an executor on another machine keeps its own default (the directory is not there)
+    assert "java.io.tmpdir" not in conf["spark.executor.extraJavaOptions"]
+    local = spark_input._session_configs(None, executors_local=True)
+    assert f"-Djava.io.tmpdir={d}" in local["spark.executor.extraJavaOptions"]
