@@ -354,8 +354,10 @@ def _session_configs(extra_configs: dict[str, str] | None, *,
                      executors_local: bool = False) -> dict[str, str]:
     """The Spark settings ``start_spark`` hands RayDP (``extra_configs`` on top).
     The driver's and RayDP master's temporary files go to ``scratch_dir()``, and
-    the executors' too when they run on this machine (``executors_local``);
-    Spark's local dirs there everywhere (Spark makes them where missing)."""
+    the executors' too when they run on this machine (``executors_local``):
+    their ``java.io.tmpdir``, which is also Spark's local directory when
+    ``spark.local.dir`` is unset (setting that one makes Spark warn that a
+    cluster manager may override it)."""
     tmp = scratch_dir()
     here = f"-Djava.io.tmpdir={tmp}"
     configs = {
@@ -364,7 +366,6 @@ def _session_configs(extra_configs: dict[str, str] | None, *,
         "spark.driver.extraJavaOptions": f"{JAVA17_OPTIONS} {PLANNER_JVM_OPTIONS} {here}",
         "spark.ray.raydp_app_master.extraJavaOptions":
             f"{JAVA17_OPTIONS} {PLANNER_JVM_OPTIONS} {here}",
-        "spark.local.dir": str(tmp),
         "spark.ui.showConsoleProgress": "false",
         "spark.ui.enabled": "false",
         # mapInArrow/generators must run with this interpreter (our venv)
