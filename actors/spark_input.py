@@ -49,6 +49,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import psutil
 import pyarrow as pa
 import pyarrow.compute as pc
 import ray
@@ -124,9 +125,10 @@ def scratch_dir() -> Path:
     """This process's Spark scratch directory, ``<tmp>/hetero-spark-<pid>-*``,
     made on first use and removed when the process exits.
 
-    Spark's JVMs write their temporary files into ``java.io.tmpdir`` and
-    ``spark.local.dir`` (``/tmp`` unless told): the extracted native
-    libraries (``liblz4-java-*.so``, snappy), ``spark-*`` and ``blockmgr-*``.
+    Spark's JVMs write their temporary files into ``java.io.tmpdir`` (``/tmp``
+    unless told; Spark's local directory too while ``spark.local.dir`` is
+    unset): the extracted native libraries (``liblz4-java-*.so``, snappy),
+    ``spark-*`` and ``blockmgr-*``.
     RayDP's executors end by ``ray.kill``, so their shutdown hooks never
     delete them: before this, every session left them in ``/tmp``. A
     directory left by a process that was killed (its pid gone) is removed
@@ -137,21 +139,11 @@ def scratch_dir() -> Path:
             root = Path(tempfile.gettempdir())
             for old in root.glob(f"{SCRATCH_PREFIX}*"):
                 pid = old.name[len(SCRATCH_PREFIX):].split("-", 1)[0]
-                if pid.isdigit() and not _pid_alive(int(pid)):
+                if pid.isdigit() and not psutil.pid_exists(int(pid)):
                     shutil.rmtree(old, ignore_errors=True)
             _scratch = Path(tempfile.mkdtemp(prefix=f"{SCRATCH_PREFIX}{os.getpid()}-"))
             atexit.register(shutil.rmtree, _scratch, ignore_errors=True)
         return _scratch
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # another user's: alive
-        return True
-    return True
 
 
 def _all_nodes_local() -> bool:
