@@ -58,17 +58,11 @@ from runtime.dataflow import settings as settings_mod
 from runtime.placement import actor_options
 from runtime.reporting import phases as phases_mod
 from runtime.reporting import report as report_mod
-from runtime.reporting.cores import Capacities, measurements
+from runtime.reporting.cores import Capacities, counts_input_keys, measurements
 from runtime.reporting.report import write_result, write_run
 from runtime.topology import Topology, TopologyError
 
 POLL_S = 0.25
-
-
-def _counts_input_keys(topo: Topology) -> bool:
-    """Heavy-hitters' result is only the top-k, an operator's anything: the
-    input's distinct keys are counted instead (replication's denominator)."""
-    return topo.app.kind in ("heavy-hitters", "operator")
 
 
 def core_settings(topo: Topology, coordinator: Any) -> settings_mod.CoreSettings:
@@ -471,7 +465,7 @@ class _PipelineRun:
                 f"{self.namespace}")
         else:  # the sources start on the first block while Spark produces the rest
             self.loader = feed_load(self.spark, topo, df,  # Spark plans the input
-                                    count_distinct=_counts_input_keys(topo))
+                                    count_distinct=counts_input_keys(topo))
             self.clock.input_part("plan", time.time() - t_load)
             self.actors.append(self.loader.feed)
             t_first = time.time()
@@ -541,7 +535,8 @@ class _PipelineRun:
                                                aggregator=self.agg,
                                                checkpoint=run.checkpoint,
                                                checkpoint_every_s=run.checkpoint_every_s,
-                                               resume_from=self.resume_from)
+                                               resume_from=self.resume_from,
+                                               count_keys=counts_input_keys(topo))
             if run.checkpoint:  # a --resume after this driver dies stops what is left
                 ckpt_mod.record_processes(self.out_dir)
         self.bar = _Progress(None if self.stream else self.total, self.progress)
@@ -642,6 +637,8 @@ class _PipelineRun:
                          f"(a source had nothing to send)")
         if stream is not None:
             self.total = stream.rows
+            if stream.keys is not None:
+                self.distinct_input = len(stream.keys)
             if stream.cutting:  # everything handed over is committed: the last one
                 stream.finish_checkpoints()
                 stream.checkpoint()

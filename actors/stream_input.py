@@ -29,7 +29,9 @@ import ray
 
 from runtime.dataflow import checkpoint as ckpt_mod
 from runtime.dataflow import event_time
+from runtime.hashing import hash_arrow
 from runtime.inputs.input_check import has_data_files
+from runtime.reporting.metrics import DistinctKeys
 from runtime.topology import Topology, TopologyError
 
 #: how often Spark looks for new files (a micro-batch that takes longer is
@@ -82,7 +84,8 @@ class LiveInput:
     def __init__(self, spark: Any, topo: Topology, sources: list[Any], out_dir: str | Path,
                  *, aggregator: Any = None, checkpoint: bool = True,
                  checkpoint_every_s: float = 1.0,
-                 resume_from: ckpt_mod.Checkpoint | None = None) -> None:
+                 resume_from: ckpt_mod.Checkpoint | None = None,
+                 count_keys: bool = False) -> None:
         from actors.spark_input import stream_dataframe
 
         self.df, self.file_columns = stream_dataframe(spark, topo)
@@ -112,6 +115,9 @@ class LiveInput:
         self.done_batch = self.ckpt_batch  # handed over (and logged)
         self.messages_before = resume_from.messages if resume_from else 0
         self.rows = 0  # messages handed over by this run
+        #: ``count_keys``: the distinct keys handed over by this run (replication's
+        #: denominator when the result does not hold every key: heavy-hitters, operators)
+        self.keys: DistinctKeys | None = DistinctKeys() if count_keys else None
         self.micro_batches = 0  # non-empty ones
         self.replayed_batches = 0  # from the log, after a resume
         self.skipped_batches = 0  # re-run by Spark after a resume, already handed over
@@ -195,6 +201,9 @@ class LiveInput:
                 event_time.write_late(self.out_dir, batch_id, late)
         ray.get([s.feed.remote(p, handed)
                  for s, p in zip(self.sources, pieces, strict=True) if p.num_rows])
+        if self.keys is not None:  # (what the sources got: late records are in no worker)
+            for p in pieces:
+                self.keys.add(hash_arrow(p.column("key")))
         self.rows += table.num_rows
         self.micro_batches += 1
         self.last_data_ts = time.time()

@@ -150,6 +150,37 @@ def test_a_stream_stops_once_idle_and_takes_files_a_few_at_a_time(ray_spark, tmp
     _check_exact(ray_spark, topo, out)
 
 
+def test_a_live_top_k_reports_replication_over_the_streams_keys(ray_spark, tmp_path) -> None:
+    """A live stream whose result holds only the top k: replication is counted
+    over the keys handed over (before, over the result's k rows: 1,755 for
+    topologies/trending.yaml); kg keeps each key on one worker, so exactly 1.
+    The top k equals Spark's."""
+    from actors.pipeline import run_pipeline
+    from actors.spark_input import build_dataframe, reference_result
+
+    words = pq.read_table(WORDS).slice(200_000, 9_000).select(["key"])
+    indir, out = tmp_path / "in", tmp_path / "out"
+    indir.mkdir()
+    for k in range(3):
+        _drop(words.slice(3_000 * k, 3_000), indir, f"part-{k}.parquet")
+    topo = load_topology({
+        "name": "stream-topk-e2e",
+        "input": {"format": "parquet", "path": str(indir), "stream": True},
+        "sources": 2, "workers": {"count": 3, "service_us": 0},
+        "grouping": {"scheme": "kg"},
+        "app": {"kind": "heavy-hitters", "top_k": 5, "aggregate_every_s": 0.25},
+        "run": {"batch": 500, "until_idle_s": 2},
+    }, check_input=True)
+    report = run_pipeline(topo, out, ray_spark, progress=False, log=lambda m: None)
+    assert report["messages"]["input"] == 9_000
+    keys = sum(w["keys"] for w in report["workers"])
+    assert keys == len(set(words.column("key").to_pylist())) > 5
+    assert report["replication"] == pytest.approx(1.0)
+    ref = reference_result(build_dataframe(ray_spark, topo), topo.app.model_dump())
+    got = pq.read_table(out / "result.parquet")
+    assert got.num_rows == 5 and table_diff(got, ref.cast(got.schema)) is None
+
+
 def test_a_streamed_csv_file_with_its_columns_in_another_order_stops_the_stream(
         ray_spark, tmp_path) -> None:
     """A CSV file whose header differs from the stream's columns (here: the same

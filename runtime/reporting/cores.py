@@ -44,6 +44,12 @@ class Capacities:
         return total / duration_s
 
 
+def counts_input_keys(topo: Topology) -> bool:
+    """Heavy-hitters' result is only the top-k, an operator's anything: the
+    input's distinct keys are counted instead (replication's denominator)."""
+    return topo.app.kind in ("heavy-hitters", "operator")
+
+
 def measurements(
     topo: Topology,
     caps: Capacities,

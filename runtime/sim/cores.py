@@ -53,7 +53,7 @@ from runtime.grouping.coordination import RoutedReport
 from runtime.inputs.input_check import shard_block_rows
 from runtime.operators import WorkerApp
 from runtime.reporting import report as report_mod
-from runtime.reporting.cores import Capacities, measurements
+from runtime.reporting.cores import Capacities, counts_input_keys, measurements
 from runtime.sim.inputs import SimInput
 from runtime.topology import Topology
 
@@ -416,6 +416,8 @@ def simulate_cores(topo: Topology, inp: SimInput, *, block_rows: int | None = No
     agg_stats = agg.stats()
     source_stats = [stats[s] for s in range(len(cores))]
     duration_s = max(max(s.end_ts for s in source_stats) - t0, 1e-9)
+    distinct = (int(np.count_nonzero(np.bincount(inp.key_ids, minlength=len(inp.keys))))
+                if counts_input_keys(topo) else None)  # (the result's keys otherwise)
     measured = measurements(topo, caps, inp.n, duration_s, 0.0, source_stats, worker_stats, result,
-                            agg_stats, engine="sim")
+                            agg_stats, distinct, engine="sim")
     return measured, result, agg_stats

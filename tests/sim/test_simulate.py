@@ -76,6 +76,9 @@ def test_kg_sends_every_key_to_one_worker_and_replication_is_one() -> None:
     assert r.report["replication"] == 1.0  # workers per key, averaged over the keys
     sg = sim(topo("sg")).report
     assert sg["replication"] > 2.0  # frequent keys on every worker
+    # a result that holds only the top k: counted over the input's keys, not the k rows
+    top = sim(topo("kg", app={"kind": "heavy-hitters", "top_k": 5})).report
+    assert top["result"]["rows"] == 5 and top["replication"] == 1.0
 
 
 def test_shards_are_dealt_round_robin_by_block() -> None:
