@@ -49,6 +49,15 @@ def _counted(out: Path) -> int:
         return 0
 
 
+def _three_files(indir: Path, start: int, ext: str):
+    """Three files of 3,000 words (from row ``start``) in ``indir``, already there."""
+    words = pq.read_table(WORDS).slice(start, 9_000).select(["key"])
+    indir.mkdir()
+    for k in range(3):
+        _drop(words.slice(3_000 * k, 3_000), indir, f"part-{k}.{ext}")
+    return words
+
+
 def _check_exact(spark, topo, out: Path) -> dict:
     from actors.spark_input import build_dataframe, reference_result
 
@@ -130,11 +139,8 @@ def test_a_stream_stops_once_idle_and_takes_files_a_few_at_a_time(ray_spark, tmp
     """CSV files already there, one per micro-batch; ``until_idle_s`` ends it."""
     from actors.pipeline import run_pipeline
 
-    words = pq.read_table(WORDS).slice(100_000, 9_000).select(["key"])
     indir, out = tmp_path / "in", tmp_path / "out"
-    indir.mkdir()
-    for k in range(3):
-        _drop(words.slice(3_000 * k, 3_000), indir, f"part-{k}.csv")
+    _three_files(indir, 100_000, "csv")
     topo = load_topology({
         "name": "stream-idle-e2e",
         "input": {"format": "csv", "path": str(indir), "stream": True,
@@ -158,11 +164,8 @@ def test_a_live_top_k_reports_replication_over_the_streams_keys(ray_spark, tmp_p
     from actors.pipeline import run_pipeline
     from actors.spark_input import build_dataframe, reference_result
 
-    words = pq.read_table(WORDS).slice(200_000, 9_000).select(["key"])
     indir, out = tmp_path / "in", tmp_path / "out"
-    indir.mkdir()
-    for k in range(3):
-        _drop(words.slice(3_000 * k, 3_000), indir, f"part-{k}.parquet")
+    words = _three_files(indir, 200_000, "parquet")
     topo = load_topology({
         "name": "stream-topk-e2e",
         "input": {"format": "parquet", "path": str(indir), "stream": True},
