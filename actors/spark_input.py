@@ -51,10 +51,11 @@ from typing import Any
 
 import psutil
 import pyarrow as pa
-import pyarrow.compute as pc
 import ray
 
+from runtime.hashing import hash_arrow
 from runtime.inputs.input_check import SHARD_BLOCK_ROWS, shard_block_rows
+from runtime.reporting.metrics import DistinctKeys
 from runtime.topology import FILE_FORMATS, Topology, TopologyError
 
 log = logging.getLogger(__name__)
@@ -826,7 +827,8 @@ class FeedLoad:
         self.per_source = [0] * n_sources  # rows dealt to each source
         self.first_s: float | None = None  # the first block in, from start()
         self.all_s: float | None = None  # the last one in
-        self._uniques: list[pa.Array] | None = [] if count_distinct else None
+        #: the input's distinct keys, counted from their hashes as the workers count theirs
+        self._keys: DistinctKeys | None = DistinctKeys() if count_distinct else None
         self.distinct: int | None = None
         self.error: BaseException | None = None
         # the driver owns every block (ray.put) and keeps a reference to each
@@ -881,14 +883,13 @@ class FeedLoad:
                 for batch in arrow_batches(df):
                     if self._stopping.is_set():
                         return
-                    if self._uniques is not None:
-                        self._uniques.append(pc.unique(batch.column("key")))
+                    if self._keys is not None:
+                        self._keys.add(hash_arrow(batch.column("key")))
                     self._deal(blocks.add(batch))
                 self.loaded += 1
             self._deal(blocks.rest())
-            if self._uniques is not None:
-                keys = pa.chunked_array(self._uniques, pa.string())
-                self.distinct = int(pc.count_distinct(keys, mode="all").as_py())
+            if self._keys is not None:
+                self.distinct = len(self._keys)
             ray.get(self.feed.finish.remote())
             self.all_s = time.time() - self._t0
         except BaseException as e:  # noqa: BLE001 - handed to join() and to the sources

@@ -134,8 +134,9 @@ class LiveInput:
         self._lock = threading.Lock()
         self.query: Any = None
         self._scratch: str | None = None
-        self._late_files = -1  # in OUT/late/ at the last gather_late
-        self._emitted = event_time.EmittedWindows(out_dir)
+        #: what the stream wrote to OUT/late/ and OUT/windows/, each file read once
+        self._late = event_time.FileParts(self.out_dir / event_time.LATE_DIR)
+        self._emitted = event_time.FileParts(self.out_dir / event_time.WINDOWS_DIR)
         self._checkpointer: threading.Thread | None = None
 
     def replay_log(self) -> int:
@@ -319,7 +320,7 @@ class LiveInput:
         its late records so far are gathered into ``OUT/late.parquet``."""
         if self.events is None:
             return open_windows
-        self._late_files = event_time.gather_late(self.out_dir, self._late_files)
+        event_time.gather_late(self.out_dir, self._late)
         return event_time.with_emitted(self.out_dir, open_windows, self.kind, self._emitted)
 
 

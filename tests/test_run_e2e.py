@@ -261,7 +261,13 @@ def test_wrr_gives_each_worker_its_capacity_share(ray_spark, tmp_path) -> None:
 def test_other_apps_equal_spark(ray_spark, tmp_path, kind) -> None:
     topo = _topology("pkg", {"format": "zipf", "messages": 20_000, "keys": 500, "skew": 1.2},
                      app={"kind": kind, "counters": 1000, "top_k": 20})
-    _run_and_check(ray_spark, topo, tmp_path / "run")
+    report = _run_and_check(ray_spark, topo, tmp_path / "run")
+    # replication over the input's distinct keys (the top k's result holds only 20),
+    # counted as Spark hands the input over: what Spark's own distinct count says
+    distinct = _input(ray_spark, topo)[0].select("key").distinct().count()
+    held = sum(w["keys"] for w in report["workers"])
+    assert report["replication"] == pytest.approx(held / distinct)
+    assert 1.0 <= report["replication"] <= 2.0  # pkg: each key on at most two workers
 
 
 def test_operator_raising_mid_run_fails_with_one_line_and_writes_nothing(ray_spark,

@@ -198,10 +198,12 @@ def test_the_event_clock_sends_late_records_away_and_bounds_final_windows(
     event_time.write_late(tmp_path, 1, late)
     event_time.write_late(tmp_path, 1, late)  # a replayed micro-batch: the same file
     assert not (tmp_path / "late.parquet").exists()  # gathered with the result, not per batch
-    assert event_time.gather_late(tmp_path) == 1
+    parts = event_time.FileParts(tmp_path / event_time.LATE_DIR)
+    assert event_time.gather_late(tmp_path, parts) is True
     assert pq.read_table(tmp_path / "late.parquet").num_rows == 2
+    assert event_time.gather_late(tmp_path, parts) is False  # nothing new: not rewritten
     event_time.write_late(tmp_path, 2, late.slice(0, 1))
-    assert event_time.gather_late(tmp_path, seen=1) == 2
+    assert event_time.gather_late(tmp_path, parts) is True
     assert pq.read_table(tmp_path / "late.parquet").num_rows == 3
 
 
@@ -240,7 +242,7 @@ def test_emitted_windows_leave_the_state_and_never_come_back(tmp_path: Path,
         return real_read(path, *a, **k)
 
     monkeypatch.setattr(event_time.pq, "read_table", counted)
-    emitted = event_time.EmittedWindows(tmp_path)
+    emitted = event_time.FileParts(tmp_path / event_time.WINDOWS_DIR)
     for _ in range(3):
         again = event_time.with_emitted(tmp_path, resumed.result(), "wordcount", emitted)
         assert again.equals(answer)

@@ -152,18 +152,40 @@ def write_late(out_dir: str | os.PathLike[str], batch_id: int, late: pa.Table) -
         write_parquet_atomic(late, path)
 
 
-def gather_late(out_dir: str | os.PathLike[str], seen: int = -1) -> int:
-    """Rewrite ``OUT/late.parquet``: every late record, in batch order, when
-    ``OUT/late/`` holds files beyond the ``seen`` ones; the count of files.
+class FileParts:
+    """The Parquet files of one of a live stream's output directories
+    (``OUT/windows/``, ``OUT/late/``), each read once: they are written once
+    and never rewritten, so each result snapshot reads only the new ones."""
+
+    def __init__(self, directory: str | os.PathLike[str]) -> None:
+        self.directory = Path(directory)
+        self._parts: dict[str, pa.Table] = {}
+
+    def update(self) -> bool:
+        """Read the files that are new; whether there were any."""
+        new = [f for f in parquet_files(self.directory) if f.name not in self._parts]
+        for f in new:
+            self._parts[f.name] = pq.read_table(f).replace_schema_metadata(None)
+        return bool(new)
+
+    def tables(self) -> list[pa.Table]:
+        """Every file's table, in file-name (micro-batch) order."""
+        return [self._parts[name] for name in sorted(self._parts)]
+
+
+def gather_late(out_dir: str | os.PathLike[str], late: FileParts | None = None) -> bool:
+    """Rewrite ``OUT/late.parquet`` (every late record, in batch order) when
+    ``OUT/late/`` holds files ``late`` has not read yet; whether it did.
+    ``late``: the stream's reader of ``OUT/late/``, kept between calls.
     Called with each result snapshot and at the end of a stream (not per
     micro-batch: a stream with late records in every batch would rewrite
     all of them each time)."""
-    out = Path(out_dir)
-    files = sorted((out / LATE_DIR).glob("*.parquet")) if (out / LATE_DIR).exists() else []
-    if files and len(files) != seen:
-        write_parquet_atomic(pa.concat_tables([pq.read_table(f) for f in files],
-                                              promote_options="permissive"), out / LATE_FILE)
-    return len(files)
+    late = late or FileParts(Path(out_dir) / LATE_DIR)
+    if not late.update():
+        return False
+    write_parquet_atomic(pa.concat_tables(late.tables(), promote_options="permissive"),
+                         Path(out_dir) / LATE_FILE)
+    return True
 
 
 def write_emission(out_dir: str | os.PathLike[str], batch_id: int, table: pa.Table,
@@ -187,9 +209,14 @@ def window_ends(table: pa.Table) -> list[int]:
     return sorted({int(t) for t in ticks})
 
 
-def emission_files(out_dir: str | os.PathLike[str]) -> list[Path]:
-    d = Path(out_dir) / WINDOWS_DIR
+def parquet_files(directory: str | os.PathLike[str]) -> list[Path]:
+    """``directory``'s Parquet files, by name (none if it does not exist)."""
+    d = Path(directory)
     return sorted(d.glob("*.parquet")) if d.exists() else []
+
+
+def emission_files(out_dir: str | os.PathLike[str]) -> list[Path]:
+    return parquet_files(Path(out_dir) / WINDOWS_DIR)
 
 
 def emitted_bound(out_dir: str | os.PathLike[str]) -> int | None:
@@ -203,33 +230,16 @@ def emitted_bound(out_dir: str | os.PathLike[str]) -> int | None:
     return None
 
 
-class EmittedWindows:
-    """The windows a live stream has emitted (``OUT/windows/``), each file read
-    once: files are written once and never rewritten, so a result snapshot
-    reads only the ones new since the last (before, every snapshot read every
-    emission of the stream so far)."""
-
-    def __init__(self, out_dir: str | os.PathLike[str]) -> None:
-        self.out_dir = out_dir
-        self._read: set[str] = set()
-        self._parts: list[pa.Table] = []
-
-    def tables(self) -> list[pa.Table]:
-        for f in emission_files(self.out_dir):
-            if f.name not in self._read:
-                self._parts.append(pq.read_table(f).replace_schema_metadata(None))
-                self._read.add(f.name)
-        return self._parts
-
-
 def with_emitted(out_dir: str | os.PathLike[str], open_windows: pa.Table,
-                 kind: str, emitted: EmittedWindows | None = None) -> pa.Table:
+                 kind: str, emitted: FileParts | None = None) -> pa.Table:
     """A live stream's whole answer: every emitted window, then the open ones
     (``open_windows``, the aggregator's result), in result order. ``emitted``:
-    the stream's reader of its emissions, kept between calls."""
+    the stream's reader of ``OUT/windows/``, kept between calls."""
     from runtime.operators.tables import sort_result
 
-    parts = (emitted or EmittedWindows(out_dir)).tables()
+    emitted = emitted or FileParts(Path(out_dir) / WINDOWS_DIR)
+    emitted.update()
+    parts = emitted.tables()
     if not parts:
         return open_windows
     t = pa.concat_tables([*parts, open_windows.replace_schema_metadata(None)],
@@ -237,6 +247,6 @@ def with_emitted(out_dir: str | os.PathLike[str], open_windows: pa.Table,
     return sort_result(t, kind)
 
 
-__all__ = ["BOUND_KEY", "LATE_DIR", "LATE_FILE", "WINDOWS_DIR", "EmittedWindows", "EventClock",
-           "emission_files", "emitted_bound", "gather_late", "window_ends", "with_emitted",
-           "write_emission", "write_late"]
+__all__ = ["BOUND_KEY", "LATE_DIR", "LATE_FILE", "WINDOWS_DIR", "EventClock", "FileParts",
+           "emission_files", "emitted_bound", "gather_late", "parquet_files", "window_ends",
+           "with_emitted", "write_emission", "write_late"]
