@@ -114,6 +114,14 @@ class Outboxes:
         """Some worker holds more than its memory bound: the source must block."""
         return bool((self.held_n() > self.bounds()).any())
 
+    def queued_vws(self, n_virtual: int) -> np.ndarray:
+        """Messages queued (routed, not sent) per virtual worker (coordinated
+        schemes: each sub-batch keeps its messages' VWs)."""
+        vws = [e.vws for q in self.queues for e in q if e.vws is not None]
+        if not vws:
+            return np.zeros(int(n_virtual), dtype=np.int64)
+        return np.bincount(np.concatenate(vws), minlength=int(n_virtual)).astype(np.int64)
+
     def busy(self) -> bool:
         """Anything queued or in flight."""
         return bool(self.inflight) or any(self.queues)

@@ -241,15 +241,18 @@ class LoadReports:
         """When the next report is due."""
         return self.meter.since + (FIRST_PLAN_S if self.early() else self.report_every_s)
 
-    def send_due(self, vws: np.ndarray | None = None, final: bool = False) -> None:
+    def send_due(self, vws: np.ndarray | None = None, final: bool = False,
+                 queued: np.ndarray | None = None) -> None:
         """Count ``vws`` (the VW of each message just routed); send the report
-        if it is due, or ``final``."""
+        if it is due, or ``final``, or with ``queued`` (the source has routed
+        its whole input: what its outboxes hold per VW; ``RoutedReport``)."""
+        routed_all = queued is not None
         if vws is not None:
             self.meter.routed(vws)
         now = self.clock()
-        if final or now >= self.deadline():
+        if final or routed_all or now >= self.deadline():
             self.sent += 1
-            self.control.report_routed(self.source, self.meter.take(now, final=final))
+            self.control.report_routed(self.source, self.meter.take(now, final, queued))
 
     def answer(self, timeout: float | None = 0.0) -> Any:
         """The controller's table answered to the latest report, once it is
@@ -459,16 +462,23 @@ class SourceCore:
                 self.outboxes.queue(part)
             self._flush()
 
-    def _report_load(self, vws: np.ndarray | None = None, final: bool = False) -> None:
+    def _report_load(self, vws: np.ndarray | None = None, final: bool = False,
+                     routed_all: bool = False) -> None:
         """Coordinated schemes: a load report when due (``LoadReports``); the
-        controller's answer is its latest table. The final report says this
-        source's stream ended (the controller plans until every source's
-        has), and the source waits for (and adopts) the answer: the last
-        sources to end all end on the controller's last table."""
+        controller's answer is its latest table. ``routed_all``: the source
+        has routed its whole input, and its outboxes hold what the workers
+        have left to do of it - the answer is planned for the workers to
+        finish together (acg's end plan), and the source waits for it and
+        re-routes its outboxes before it drains them (the controller plans
+        until every source's has come). The ``final`` report, once drained,
+        says this source's stream ended, and the source waits for (and
+        adopts) the answer: every source ends on the controller's last
+        table."""
         if self.load_reports is None:
             return
-        self.load_reports.send_due(vws, final)
-        if final:
+        queued = self.outboxes.queued_vws(self.grouping.n_virtual) if routed_all else None
+        self.load_reports.send_due(vws, final, queued)
+        if final or routed_all:
             self._take_table(self.load_reports.answer(timeout=None))
 
     def _record_vw(self, force: bool = False) -> None:
@@ -672,6 +682,7 @@ class SourceCore:
             self._send()
             self._pace()
         self._send()
+        self._report_load(routed_all=True)  # the answer re-routes the outboxes for the end
         self.drain()
         self._report_load(final=True)
         self._record_vw(force=True)

@@ -397,6 +397,7 @@ class AcgStats:
     membership_moves: int = 0  # VWs moved by departures / joins
     rate_resets: int = 0  # capacity changes detected
     load_resets: int = 0  # VW loads that jumped (a hot key moved)
+    end_plans: int = 0  # plans of the backlogs left at the stream's end (``_end_plan``)
     #: per table: (t, version, moved[, predicted gain, gain needed])
     history: list[tuple[float, ...]] = field(default_factory=list)
 
@@ -439,6 +440,8 @@ class AcgController:
         #: at one batch per second reports that seldom, and is not silent)
         self._report_gap: dict[int, float] = {}
         self._ended: set[int] = set()  # the sources whose stream ended (source_ended)
+        #: per source that routed its whole input: what its outboxes held per VW then
+        self._queued: dict[int, np.ndarray] = {}
         #: arrivals per worker since the start, at the end of each bucket taken
         #: (each VW's counts go to its owner in the table of that time)
         self._arr_t: list[float] = []
@@ -497,9 +500,17 @@ class AcgController:
         self.report(worker, report.processed, report.busy_s, now)
 
     def routed_from(self, source: int, report: RoutedReport) -> None:
-        """A source's ``RoutedMeter.take()`` report; its last one (``final``)
-        says its stream ended (``source_ended``)."""
+        """A source's ``RoutedMeter.take()`` report. The one that says it has
+        routed its whole input (with its outboxes' ``queued`` counts) ends the
+        planning once every source's has come, with an end plan
+        (``_end_plan``); its last one (``final``, after its drain) says its
+        stream ended (``source_ended``)."""
         self.report_routed(source, report.since, report.now, report.vw_ids, report.vw_counts)
+        if report.queued is not None:
+            self._queued[int(source)] = np.asarray(report.queued, dtype=np.float64)
+            if self.sources is None or len(set(self._queued) | self._ended) >= self.sources:
+                self._end_plan(report.now)
+                self.finish()  # nothing more is routed: its last table stands
         if report.final:
             self.source_ended(source)
 
@@ -737,24 +748,63 @@ class AcgController:
         out[alive] = np.maximum(secs - secs.min(), 0.0) * rate[alive] / self.drain_s
         return out
 
-    def _move_backlog(self, owner: np.ndarray, lam: np.ndarray) -> None:
+    def _move_backlog(self, owner: np.ndarray, lam: np.ndarray,
+                      taken: np.ndarray | None = None) -> None:
         """A new table moves the backlog with the VWs: a source re-routes what
-        its outboxes hold for a moved VW to its new owner. Each worker's
-        backlog is taken as spread over its VWs like their loads, so a VW
-        moved from ``x`` to ``y`` takes ``B_x lam_v / lam_x`` with it (what
-        is already in ``x``'s queue stays: the estimate errs toward ``y``,
-        and is corrected when ``y`` is next idle)."""
+        its outboxes hold for a moved VW to its new owner. ``taken[v]``: the
+        messages VW ``v`` takes along, when the sources said (the end plan);
+        otherwise each worker's backlog is taken as spread over its VWs like
+        their loads ``lam``, so a VW moved from ``x`` to ``y`` takes ``B_x
+        lam_v / lam_x`` with it (what is already in ``x``'s queue stays: the
+        estimate errs toward ``y``, and is corrected when ``y`` is next idle)."""
         b = self.backlog()
         load = np.bincount(self.owner, weights=lam, minlength=self.n_workers)
         for v in np.flatnonzero(owner != self.owner):
             x, y = int(self.owner[v]), int(owner[v])
-            if b[x] <= 0 or load[x] <= 0:
+            if taken is not None:
+                share = float(taken[v])
+            elif b[x] <= 0 or load[x] <= 0:
                 continue
-            share = b[x] * lam[v] / load[x]
+            else:
+                share = b[x] * lam[v] / load[x]
             tx, sx = self.rates[x].anchor
             self.rates[x].anchor = (tx, sx - share)
             ty, sy = self.rates[y].anchor
             self.rates[y].anchor = (ty, sy + share)
+
+    def _end_plan(self, now: float) -> None:
+        """Every source has routed its whole input: what the workers still
+        have to do is their backlogs, so plan for every backlog to end at the
+        same time. The sources said what their outboxes held per VW (routed,
+        never sent: what a moved VW takes along); the rest of a worker's
+        backlog (sent, or queued at the worker) stays where it is. The
+        min-max allocation of the movable messages over the rates, with what
+        stays as each worker's fixed part (``plan_table``: the same search
+        and hysteresis as the load plans), is one of finish times. When every
+        worker was busy all along the load plans have no drain term (the
+        backlogs are then the sources' memory bounds filling, in messages,
+        so a slow worker's is seconds of its work): without this plan the
+        slowest workers drain alone after the others have finished."""
+        if not self.started or self.finished or self.drain_s <= 0:
+            return
+        self._update_rates(now)
+        rate = self._rate_vector()
+        if rate is None:
+            return
+        movable = np.sum(list(self._queued.values()), axis=0)  # messages per VW
+        stay = np.maximum(self.backlog() - np.bincount(self.owner, weights=movable,
+                                                       minlength=self.n_workers), 0.0)
+        alive = sorted(self.alive)
+        owner, moved = plan_table(self.owner, movable, rate, alive, min_gain=self.min_gain,
+                                  extra=stay)
+        if not moved:
+            return
+        self.stats.moves += moved
+        self.stats.end_plans += 1
+        gain = 1.0 - (bottleneck(owner, movable, rate, alive, stay)
+                      / bottleneck(self.owner, movable, rate, alive, stay))
+        self._move_backlog(owner, movable, taken=movable)
+        self._publish(owner, now=now, detail=(round(gain, 4), self.min_gain))
 
     def _gain_needed(self, lam: np.ndarray, rate: np.ndarray, extra: np.ndarray) -> float:
         """Hysteresis: ``min_gain``, or more while the estimates are noisier.
@@ -828,6 +878,7 @@ class AcgController:
             "membership_moves": self.stats.membership_moves,
             "rate_resets": self.stats.rate_resets,
             "load_resets": self.stats.load_resets,
+            "end_plans": self.stats.end_plans,
             "rates": None if rate is None else [float(x) for x in rate],
             "rate_samples": [[[round(a, 1), round(b, 3)] for a, b in self.rates[w].recent]
                              for w in range(self.n_workers)],

@@ -38,13 +38,16 @@ class RateReport:
 class RoutedReport:
     """A source's ``RoutedMeter.take``: messages routed per VW over ``[since,
     now)`` (the VWs with any, and their counts); ``final``: the source's last
-    report (its stream has ended)."""
+    report (its stream has ended and what it sent is committed);
+    ``queued`` (only once the source has routed its whole input, before its
+    drain): the messages its outboxes hold per VW, routed and not sent."""
 
     since: float
     now: float
     vw_ids: np.ndarray  # int32
     vw_counts: np.ndarray  # int64
     final: bool = False
+    queued: np.ndarray | None = None  # int64, one per VW
 
 
 class RateMeter:
@@ -81,11 +84,12 @@ class RoutedMeter:
     def routed(self, vws: np.ndarray) -> None:
         self.counts += np.bincount(vws, minlength=len(self.counts))
 
-    def take(self, now: float, final: bool = False) -> RoutedReport:
+    def take(self, now: float, final: bool = False,
+             queued: np.ndarray | None = None) -> RoutedReport:
         """The report over ``[since, now)``; the next window starts at ``now``.
-        ``final``: the source's last one (its stream has ended)."""
+        ``final``, ``queued``: as ``RoutedReport``'s."""
         ids = np.flatnonzero(self.counts).astype(np.int32)
-        out = RoutedReport(self.since, now, ids, self.counts[ids], final)
+        out = RoutedReport(self.since, now, ids, self.counts[ids], final, queued)
         self.counts = np.zeros_like(self.counts)
         self.since = now
         return out

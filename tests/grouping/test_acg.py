@@ -197,10 +197,10 @@ def test_a_final_load_report_ends_planning_so_every_source_ends_on_the_last_tabl
     sc = Script([1000.0] * 3 + [200.0] * 7)
     for _ in range(2):
         sc.epoch()
-    last = sc.ctl.version
-    assert last >= 1
+    assert sc.ctl.version >= 1
     sc.ctl.routed_from(0, RoutedReport(since=sc.t, now=sc.t + 0.5, vw_ids=np.arange(4),
                                        vw_counts=np.ones(4), final=True))
+    last = sc.ctl.version  # the answer to the final report (its end plan, if any)
     sc.rates[0], sc.rates[5] = 200.0, 1000.0  # a change after the end: no new plan
     for _ in range(5):
         sc.epoch()
@@ -521,6 +521,54 @@ def test_a_saturated_cluster_drains_nothing() -> None:
         assert ctl.backlog()[0] > ctl.backlog()[1] > 0
         tables.append(ctl.owner.copy())
     np.testing.assert_array_equal(tables[0], tables[1])
+
+
+RATES = np.array([1000.0, 250.0])
+
+
+def _ending_with_a_slow_backlog(drain_s: float) -> tuple[AcgController, np.ndarray]:
+    """Workers at 1000 and 250 msgs/s, busy all along, one source routing
+    625 messages per 0.5 s evenly over the VWs (the first half second blind,
+    R VWs each: the slow worker gets twice its rate). Saturated, so no plan
+    drains the backlog the blind start left on the slow worker. Then the
+    source has routed its whole input, and says what its outboxes hold;
+    returns the controller and each worker's backlog (in seconds of its
+    work) just before."""
+    ctl = AcgController(2, 2 * R, t0=0.0, sources=1, epoch_s=0.5, drain_s=drain_s)
+    t = 0.0
+    for _ in range(6):
+        t += 0.5
+        arrived = np.bincount(ctl.owner, minlength=2) * 625 / (2 * R)
+        ctl.report_routed(0, t - 0.5, t, np.arange(2 * R), np.full(2 * R, 625 / (2 * R)))
+        ctl.report(0, int(min(arrived[0], 500)), 0.5, t)
+        ctl.report(1, 125, 0.5, t)
+        ctl.tick(t)
+    backlog = ctl.backlog()
+    # the source's outboxes hold 90% of each backlog (the rest was sent), evenly by VW
+    have = np.bincount(ctl.owner, minlength=2)
+    queued = (0.9 * backlog / have)[ctl.owner]
+    ctl.routed_from(0, RoutedReport(since=t, now=t + 0.1, vw_ids=np.arange(0),
+                                    vw_counts=np.ones(0), queued=queued))
+    return ctl, backlog / RATES
+
+
+def test_at_the_streams_end_the_backlogs_are_planned_to_finish_together() -> None:
+    """What is left once every source has routed its whole input is the
+    backlogs: the answer to the report that says so moves VWs of the worker
+    that would finish last - with what the source's outboxes hold for them,
+    which it re-routes - to the other, so the last finish comes at least 40%
+    sooner (here 0.86 s of the slow worker's work against 0.13 s of the
+    fast one's before). ``drain_s=0`` (backlogs never count in plans) keeps
+    the table."""
+    ctl, before = _ending_with_a_slow_backlog(1.0)
+    assert before[1] > 2 * before[0] > 0
+    assert ctl.stats.end_plans == 1 and ctl.finished  # the last plan
+    after = ctl.backlog() / RATES
+    assert after.max() <= 0.6 * before.max() and after[0] > before[0]
+    assert np.bincount(ctl.owner, minlength=2)[1] >= 1
+    still, before0 = _ending_with_a_slow_backlog(0.0)
+    assert still.stats.end_plans == 0 and still.finished
+    np.testing.assert_allclose(still.backlog() / RATES, before0)
 
 
 def test_plan_counts_a_workers_extra_load() -> None:
