@@ -227,6 +227,9 @@ class FlinkCluster:
         (self.workdir / "log").mkdir(parents=True, exist_ok=True)
         return dict(os.environ, FLINK_CONF_DIR=str(self.workdir / "conf"),
                     FLINK_LOG_DIR=str(self.workdir / "log"),
+                    # its scripts' pid files (default /tmp/flink-<user>-<service>.pid,
+                    # left behind: the processes are stopped by signal, not the scripts)
+                    FLINK_PID_DIR=str(self.workdir / "pid"),
                     # the Python functions import the project's ServiceEmulator /
                     # StoppedClock; in thread mode they run in the TaskManager's JVM
                     # (embedded CPython, pemja), which finds Flink's venv only here

@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import psutil
@@ -55,6 +56,7 @@ def test_an_uninstallable_flink_fails_with_one_line(tmp_path: Path, monkeypatch)
 def test_both_engines_exact_and_no_flink_process_left(tmp_path: Path) -> None:
     out = tmp_path / "vs"
     env = dict(os.environ, RAY_AUTH_MODE="disabled")
+    started = time.time()
     p = subprocess.run(
         [sys.executable, str(ROOT / "scripts" / "vs_flink.py"), "--out", str(out),
          "--workers", "2", "--slow", "1", "--rows", "3000", "--count-rows", "20000"],
@@ -69,4 +71,6 @@ def test_both_engines_exact_and_no_flink_process_left(tmp_path: Path) -> None:
             ("stateless", "ours", "acg")} <= seen
     assert all(c[8] == "yes" for c in cells)  # every result equals the exact answer
     assert _flink_processes(str(out / "flink")) == []
+    # Flink's scripts write pid files (default /tmp/flink-<user>-<service>.pid): in its dir
+    assert [p for p in Path("/tmp").glob("flink-*.pid") if p.stat().st_mtime >= started] == []
     assert (out / "vs_flink.md").exists()
