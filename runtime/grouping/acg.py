@@ -35,7 +35,8 @@ signalling:
 - **Backlogs** (``AcgController.backlog``): per worker, what its VWs were
   routed minus what it served, since it was last idle; a plan counts the
   part beyond the smallest (in seconds of work) as load to drain within
-  ``drain_s``, unless every worker is busy (saturated), so a slow worker
+  ``drain_s``, unless the cluster has no spare capacity to drain into
+  (saturated: the workers idle for < 5% of the total rate), so a slow worker
   left with a backlog - the first moments' blind routing, a hot key that
   landed on it - sheds VWs until it has drained.
 - **Membership** follows one deterministic rule on the sources and in the
@@ -90,7 +91,9 @@ LOAD_JUMP_Z = 6.0
 #: the plan as extra load that drains it within this many seconds
 DRAIN_S = 1.0
 #: a worker busy for less than this fraction of a report's window was idle in
-#: it: its backlog is counted again from there (from zero)
+#: it: its backlog is counted again from there (from zero); and a cluster whose
+#: workers were idle for less than ``1 - IDLE_BUSY`` of its total rate is
+#: saturated (``AcgController._drain``)
 IDLE_BUSY = 0.95
 #: report times kept per worker (backlog estimates interpolate in them)
 REPORT_LOG = 256
@@ -388,6 +391,7 @@ class _Rate:
     #: (t, served before t): the worker was idle at t - its backlog counts from there
     anchor: tuple[float, float] = (0.0, 0.0)
     idle: bool = True  # whether it was idle in its latest report's window
+    idle_frac: float = 1.0  # the share of that window it had no work
 
 
 @dataclass
@@ -473,6 +477,7 @@ class AcgController:
         st.served_log = [*st.served_log[-(REPORT_LOG - 1):], (float(now), st.served)]
         window = float(now) - st.prev_report
         st.idle = window > 0 and float(busy_s) < IDLE_BUSY * window
+        st.idle_frac = min(1.0, max(0.0, 1.0 - float(busy_s) / window)) if window > 0 else 1.0
         if st.idle:
             # idle in [prev_report, now]: empty at some time; if it was idle
             # first, it worked through the window's last busy_s seconds and had
@@ -737,12 +742,16 @@ class AcgController:
     def _drain(self, rate: np.ndarray) -> np.ndarray:
         """Per worker, the load (msgs/s) that drains its backlog within
         ``drain_s`` - the part of it beyond the smallest backlog of a live
-        worker, in seconds of work: when every worker has one (saturated),
-        only the differences matter (who finishes last), not the sources'
-        memory bounds that fill them."""
+        worker, in seconds of work. None when the cluster has no spare
+        capacity to drain into: the rate its workers were idle for in their
+        latest reports (``rate x idle share``) below ``1 - IDLE_BUSY`` of the
+        total. Then the backlogs are the sources' memory bounds filling, in
+        messages, and one slow worker briefly short of work must not make
+        them look like seconds of misplaced load."""
         out = np.zeros(self.n_workers)
         alive = sorted(self.alive)
-        if self.drain_s <= 0 or not any(self.rates[w].idle for w in alive):
+        spare = sum(rate[w] * self.rates[w].idle_frac for w in alive)
+        if self.drain_s <= 0 or spare < (1.0 - IDLE_BUSY) * float(np.sum(rate[alive])):
             return out  # saturated: every backlog is the sources' memory bound
         secs = self.backlog()[alive] / rate[alive]
         out[alive] = np.maximum(secs - secs.min(), 0.0) * rate[alive] / self.drain_s

@@ -523,6 +523,29 @@ def test_a_saturated_cluster_drains_nothing() -> None:
     np.testing.assert_array_equal(tables[0], tables[1])
 
 
+def test_a_cluster_without_spare_capacity_drains_nothing_though_one_worker_idles() -> None:
+    """Worker 0 (1000 msgs/s) filled a backlog at the start (its sources'
+    memory bound) and then serves what it is sent; worker 1 (500 msgs/s) is
+    busy 90% of each window from then on: below ``IDLE_BUSY``, so it counts as
+    idle. Its spare, 50 msgs/s, is less than 5% of the cluster's 1500: there
+    is nothing to drain into, and the tables are those without the drain term
+    (with it, worker 0 would shed VWs onto worker 1 to drain a backlog that is
+    its memory bound - the real engine's demo did so, and moved them back)."""
+    tables = []
+    for drain_s in (1.0, 0.0):
+        ctl = AcgController(2, 2 * R, t0=0.0, sources=1, epoch_s=0.5, drain_s=drain_s)
+        for k in range(1, 9):
+            t, filling = 0.5 * k, k <= 3
+            per_vw = np.where(ctl.owner == 0, (550.0 if filling else 500.0) / R, 225.0 / R)
+            ctl.report_routed(0, t - 0.5, t, np.arange(2 * R), per_vw)
+            ctl.report(0, 500, 0.5, t)
+            ctl.report(1, 225, 0.5 if filling else 0.45, t)
+            ctl.tick(t)
+        assert ctl.backlog()[0] >= 100 and ctl.rates[1].idle
+        tables.append(ctl.owner.copy())
+    np.testing.assert_array_equal(tables[0], tables[1])
+
+
 RATES = np.array([1000.0, 250.0])
 
 
