@@ -390,8 +390,12 @@ class _Rate:
     prev_report: float = 0.0  # the previous report's time (its window's start)
     #: (t, served before t): the worker was idle at t - its backlog counts from there
     anchor: tuple[float, float] = (0.0, 0.0)
-    idle: bool = True  # whether it was idle in its latest report's window
-    idle_frac: float = 1.0  # the share of that window it had no work
+    idle_frac: float = 1.0  # the share of its latest report's window it had no work
+
+    @property
+    def idle(self) -> bool:
+        """Whether it was idle in its latest report's window (``IDLE_BUSY``)."""
+        return self.idle_frac > 1.0 - IDLE_BUSY
 
 
 @dataclass
@@ -476,8 +480,7 @@ class AcgController:
         st.served += int(processed)
         st.served_log = [*st.served_log[-(REPORT_LOG - 1):], (float(now), st.served)]
         window = float(now) - st.prev_report
-        st.idle = window > 0 and float(busy_s) < IDLE_BUSY * window
-        st.idle_frac = min(1.0, max(0.0, 1.0 - float(busy_s) / window)) if window > 0 else 1.0
+        st.idle_frac = min(1.0, max(0.0, 1.0 - float(busy_s) / window)) if window > 0 else 0.0
         if st.idle:
             # idle in [prev_report, now]: empty at some time; if it was idle
             # first, it worked through the window's last busy_s seconds and had
@@ -749,9 +752,11 @@ class AcgController:
         messages, and one slow worker briefly short of work must not make
         them look like seconds of misplaced load."""
         out = np.zeros(self.n_workers)
+        if self.drain_s <= 0:
+            return out
         alive = sorted(self.alive)
         spare = sum(rate[w] * self.rates[w].idle_frac for w in alive)
-        if self.drain_s <= 0 or spare < (1.0 - IDLE_BUSY) * float(np.sum(rate[alive])):
+        if spare < (1.0 - IDLE_BUSY) * float(np.sum(rate[alive])):
             return out  # saturated: every backlog is the sources' memory bound
         secs = self.backlog()[alive] / rate[alive]
         out[alive] = np.maximum(secs - secs.min(), 0.0) * rate[alive] / self.drain_s
@@ -789,10 +794,10 @@ class AcgController:
         backlog (sent, or queued at the worker) stays where it is. The
         min-max allocation of the movable messages over the rates, with what
         stays as each worker's fixed part (``plan_table``: the same search
-        and hysteresis as the load plans), is one of finish times. When every
-        worker was busy all along the load plans have no drain term (the
-        backlogs are then the sources' memory bounds filling, in messages,
-        so a slow worker's is seconds of its work): without this plan the
+        and hysteresis as the load plans), is one of finish times. In a
+        saturated run the load plans have no drain term (``_drain``: the
+        backlogs are then the sources' memory bounds filling, in messages, so
+        a slow worker's is seconds of its work): without this plan the
         slowest workers drain alone after the others have finished."""
         if not self.started or self.finished or self.drain_s <= 0:
             return
