@@ -53,7 +53,9 @@ def _free_port() -> int:
                 continue
         if not Path(f"/tmp/hs-ray-{port}/cluster.json").exists():
             return port
-    pytest.skip("no free port in 6393-6399 for a test cluster")
+    # fail, not skip: the cross-node tests must not vanish from a run unseen
+    pytest.fail("no free port in 6393-6399 for a test cluster: another cluster runs there, "
+                "or a dead run left /tmp/hs-ray-<port> (scripts/local_cluster.py stop --port P)")
 
 
 def _cluster(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:

@@ -7,7 +7,6 @@ Fake clock and fake kill, except ``test_real_process_is_stopped_and_always_resum
 from __future__ import annotations
 
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -177,8 +176,8 @@ def _state(pid: int) -> str:
         return f.read().rsplit(")", 1)[1].split()[0]
 
 
-@pytest.mark.skipif(shutil.which("cpulimit") is not None, reason="cpulimit is installed")
-def test_cpulimit_missing_is_a_clear_error() -> None:
+def test_cpulimit_missing_is_a_clear_error(tmp_path, monkeypatch) -> None:
+    monkeypatch.setenv("PATH", str(tmp_path))  # no cpulimit on it, installed or not
     with pytest.raises(ThrottleError, match="cpulimit is not installed"):
         CpulimitThrottler()
 
