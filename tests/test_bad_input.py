@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from collections.abc import Callable
@@ -343,6 +344,10 @@ NO_DAC = ["setpriv", "--bounding-set=-dac_override,-dac_read_search"]
 def test_unreadable_input_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     topo, rel = _data_topology(tmp_path, _parquet(pa.table({"key": ["a"]})), "parquet", "")
     (tmp_path / rel).chmod(0)
+    if os.geteuid() == 0 and (shutil.which("setpriv") is None or subprocess.run(
+            [*NO_DAC, "true"], capture_output=True).returncode):
+        pytest.skip("root, and setpriv cannot drop CAP_DAC_OVERRIDE here: the file stays "
+                    "readable")
     for tool in TOOLS:
         if os.geteuid() != 0:
             assert_bad(tool, topo, tmp_path, capsys, "input.path: ")
