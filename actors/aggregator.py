@@ -9,6 +9,7 @@ import os
 from typing import Any
 
 from runtime.dataflow.aggregator import AggregatorCore
+from runtime.dataflow.reliability import reset_peak_rss
 
 
 class AggregatorActor(AggregatorCore):
@@ -22,6 +23,17 @@ class AggregatorActor(AggregatorCore):
         from actors.operator_output import capture
 
         return capture(path, name)
+
+    def recycle(self) -> bool:
+        """The run is over (``actors.pool``): its state dropped; ``False`` if
+        this process cannot be reused."""
+        del self.app, self.ledger, self._early, self.coordinator
+        return reset_peak_rss()
+
+    def rebind(self, settings: Any, coordinator: Any = None, state: Any = None) -> int:
+        """A recycled aggregator becomes the next run's (``__init__``'s arguments); its pid."""
+        AggregatorCore.__init__(self, settings, coordinator, state=state)
+        return os.getpid()
 
     def node_id(self) -> str:
         import ray

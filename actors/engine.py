@@ -221,12 +221,16 @@ class RayEngine:
     """``runtime.engine.Engine`` on Ray, fed by Spark; a context manager that
     owns the session (``engine_session``'s arguments) - or, when a Ray + Spark
     session is already running in this process, uses it and leaves it running.
+    ``reuse_actors``: a run takes the actor processes an earlier clean run of
+    the session left (``actors.pool``); ``False`` for a process that runs once.
     ``spark`` is the Spark session while inside the ``with``."""
 
     def __init__(self, app_name: str, address: str | None = None, *,
                  topo: Topology | None = None, spark: SparkSizing | None = None,
-                 log_file: str | os.PathLike[str] | None = None) -> None:
+                 log_file: str | os.PathLike[str] | None = None,
+                 reuse_actors: bool = True) -> None:
         self.app_name, self.address, self.topo, self.sizing = app_name, address, topo, spark
+        self.reuse_actors = reuse_actors
         self.log_file = log_file
         self.spark: Any = None
         #: the last run's ``phases`` clock (``runtime.reporting.phases``)
@@ -286,7 +290,7 @@ class RayEngine:
         ref = spark_reference(topo, data) if verify and not live else None
         report = run_with_restarts(topo, out, self.spark, progress=progress, log=log,
                                    resume=resume, df=None if live else data, plot=plot,
-                                   clock=clock)
+                                   clock=clock, reuse_actors=self.reuse_actors)
         if verify:
             if ref is None:  # a live stream: every file that arrived, read once it ended
                 ref = spark_reference(topo, _on_time(self.spark, topo, out))

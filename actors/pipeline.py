@@ -29,7 +29,10 @@ up; tests share one session) and returns the report, phase by phase
    ``timeseries.csv`` / ``result.parquet`` / ``report.png``.
 
 Every throttled process is SIGCONTed and every actor of the run is killed on
-the way out, whatever happened.
+the way out, whatever happened - except, after a clean run in a session that
+runs again, its aggregator, workers and sources: recycled, they wait for the
+session's next run (``actors.pool``), which takes them instead of starting
+new processes.
 """
 
 from __future__ import annotations
@@ -47,6 +50,7 @@ import ray
 from actors import aggregator as aggregator_mod
 from actors import cluster as cluster_mod
 from actors import faults as faults_mod
+from actors import pool as pool_mod
 from actors import source as source_mod
 from actors import stream_input as stream_mod
 from actors import telemetry
@@ -353,6 +357,7 @@ def run_pipeline(
     plot: bool = True,
     clock: phases_mod.RunClock | None = None,
     history: list[dict[str, Any]] | None = None,
+    reuse_actors: bool = True,
 ) -> dict[str, Any]:
     """Run ``topo`` in the current Ray cluster; write the outputs; return the report.
 
@@ -363,11 +368,15 @@ def run_pipeline(
     ``report.write_plot``). ``clock``: the run's ``phases`` clock (default:
     one starting now, ``RunClock.take``).
     ``history``: the earlier attempts ``run_with_restarts`` restarted (for the report).
+    ``reuse_actors``: take idle actors of this session's earlier runs, and
+    leave this run's for the next one (``actors.pool``); ``False``: new actor
+    processes, all killed at the end (a process that runs once).
     Raises ``RunRestart`` when the aggregator (or a live stream's source) died.
     """
     r = _PipelineRun(topo, out_dir, spark, progress=progress, log=log, plot=plot,
                      clock=clock if clock is not None else phases_mod.RunClock.take())
     r.history = list(history or [])
+    r.reuse_actors = reuse_actors
     try:
         r.create_workers(resume)
         r.load(df)
@@ -377,6 +386,7 @@ def run_pipeline(
         r.start()
         r.supervise()
         r.drain()
+        r.completed = True
     except Exception as e:
         r.raise_restart_if_lost(e)
         raise
@@ -400,6 +410,11 @@ class _PipelineRun:
         stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%S%f")
         self.namespace = f"{topo.name}-{stamp}"
         self.actors: list[Any] = []
+        #: the actors the next run of this session may reuse (``actors.pool``), by key
+        self.reusable: list[tuple[Any, Any]] = []
+        self.completed = False  # drained without an exception
+        self.reuse_actors = True
+        self.reused = 0  # actors taken from the pool (named in the namespace of their first run)
         self.throttling: _Throttling | None = None
         self.bar = _Progress(0, False)
         self.stops = StopRequests()
@@ -414,7 +429,7 @@ class _PipelineRun:
         """The aggregator and the workers, created before the input loads: their
         processes start (and warm up) while Spark works. Not waited for here."""
         topo, n, namespace = self.topo, self.n, self.namespace
-        wspec, run, actors = topo.workers, topo.run, self.actors
+        wspec, run = topo.workers, topo.run
         # fail in seconds (exit 2) if the cluster can never host this placement
         cluster_mod.check_placement(topo, spark_cpus=session_cpus())
         self.resume_from: ckpt_mod.Checkpoint | None = (
@@ -425,26 +440,43 @@ class _PipelineRun:
         self.settings = settings = core_settings(topo, coordinator)
         app = settings.aggregator
 
-        Agg = aggregator_mod.actor_class()
-        agg = Agg.options(name="aggregator", namespace=namespace,
-                          **actor_options(topo.placement.get("aggregator"))).remote(
+        agg, self.agg_ready = self.actor(aggregator_mod, "aggregator", 0, {
+            "name": "aggregator", "namespace": namespace,
+            **actor_options(topo.placement.get("aggregator"))},
             app, coordinator,
             state=self.resume_from.state if self.resume_from is not None else None)
-        actors.append(agg)
 
-        Worker = worker_mod.actor_class()
-        workers = []
+        workers, self.workers_ready = [], []
         for i in range(n):
             opts: dict[str, Any] = {
                 "name": f"worker-{i}", "namespace": namespace,
                 "max_concurrency": topo.sources * run.max_inflight + wspec.queue_batches + 8,
                 **actor_options(topo.placement.get(f"worker-{i}")),  # num_cpus=0 unless asked
             }
-            w = Worker.options(**opts).remote(i, app.app, app.base_dir, agg,
-                                              settings.workers[i])
+            w, ready = self.actor(worker_mod, "worker", i, opts, i, app.app, app.base_dir, agg,
+                                  settings.workers[i])
             workers.append(w)
-            actors.append(w)
+            self.workers_ready.append(ready if ready is not None else w.pid.remote())
         self.agg, self.workers = agg, workers
+
+    def actor(self, module: Any, role: str, index: int, options: dict[str, Any],
+              *args: Any, **kwargs: Any) -> tuple[Any, Any]:
+        """``module.actor_class()`` with ``options``, built from ``args`` and
+        ``kwargs``: an idle actor of this session reused (``actors.pool``;
+        then also the ref of its ``rebind``, which returns its pid, else ``None``)
+        or a new one."""
+        key = pool_mod.POOL.key(role, index, options) if self.reuse_actors else None
+        actor = pool_mod.POOL.take(key)
+        ready = None
+        if actor is None:
+            actor = module.actor_class().options(**options).remote(*args, **kwargs)
+        else:
+            ready = actor.rebind.remote(*args, **kwargs)
+            self.reused += 1
+        self.actors.append(actor)
+        if key is not None:
+            self.reusable.append((key, actor))
+        return actor, ready
 
     # ------------------------------------------------------------------ 2. load
     def load(self, df: Any) -> None:
@@ -461,8 +493,7 @@ class _PipelineRun:
                                                       lambda: self.stops.signal is not None,
                                                       topo.run.until_idle_s, say):
                     raise TopologyError(f"input.path: no file arrived in {topo.input.path!r}")
-            say(f"[{topo.name}] live stream over {topo.input.path}; actors in Ray namespace "
-                f"{self.namespace}")
+            say(f"[{topo.name}] live stream over {topo.input.path}; {self.where_actors()}")
         else:  # the sources start on the first block while Spark produces the rest
             self.loader = feed_load(self.spark, topo, df,  # Spark plans the input
                                     count_distinct=counts_input_keys(topo))
@@ -473,24 +504,30 @@ class _PipelineRun:
             self.clock.input_part("first_block", time.time() - t_first)
             self.shards, self.total = self.loader.shards, self.loader.messages
             say(f"[{topo.name}] input: the first block in {time.time() - t_load:.1f} s, "
-                f"the sources start on it while Spark reads on; actors in Ray namespace "
-                f"{self.namespace}")
+                f"the sources start on it while Spark reads on; {self.where_actors()}")
         self.load_s = time.time() - t_load
+
+    def where_actors(self) -> str:
+        """Where to find this run's actors in Ray (the log's line)."""
+        reused = (" (those reused from an earlier run of this session keep that run's)"
+                  if self.reused else "")
+        return f"actors in Ray namespace {self.namespace}{reused}"
 
     # ------------------------------------------------------------------ 2. sources
     def start_actors(self) -> None:
         """Wait for the workers; the sources and the ``Supervisor`` over them."""
         topo, n, namespace = self.topo, self.n, self.namespace
-        actors, agg, workers, inactive = self.actors, self.agg, self.workers, self.inactive
+        agg, workers, inactive = self.agg, self.workers, self.inactive
         t_workers = time.time()
         # bounded: a placement the cluster cannot serve now fails instead of hanging
-        self.pids = cluster_mod.wait_for_actors([w.pid.remote() for w in workers],
+        self.pids = cluster_mod.wait_for_actors(self.workers_ready,
                                                 [f"worker-{i}" for i in range(n)],
                                                 topo.placement)
         self.nodes = ray.get([w.node_id.remote() for w in workers])
+        if self.agg_ready is not None:  # a reused aggregator is the run's before anyone commits
+            ray.get(self.agg_ready)
         self.clock.input_part("workers", time.time() - t_workers)  # (started before the load)
 
-        Source = source_mod.actor_class()
         shards = self.shards
 
         def make_source(s: int, epoch: int = 0, dead: list[int] | None = None) -> Any:
@@ -498,15 +535,19 @@ class _PipelineRun:
             if epoch > 0 and topo.input.stream:  # its inbox died with it
                 raise RunRestart(f"source-{s} died", time.time() - self.t0,
                                  self.faults.failure_events())
-            src = Source.options(name=f"source-{s}" + (f".{epoch}" if epoch else ""),
-                                 namespace=namespace, max_concurrency=4,
-                                 **actor_options(topo.placement.get(f"source-{s}"))).remote(
+            src, ready = self.actor(source_mod, "source", s, {
+                "name": f"source-{s}" + (f".{epoch}" if epoch else ""),
+                "namespace": namespace, "max_concurrency": 4,
+                **actor_options(topo.placement.get(f"source-{s}"))},
                 s, shards[s], workers, self.settings.source, aggregator=agg, epoch=epoch,
                 dead_workers=inactive if dead is None else dead)
-            actors.append(src)
+            if ready is not None:  # rebound before any other call (a threaded actor)
+                ray.get(ready)
             return src
 
         sources = [make_source(s) for s in range(topo.sources)]
+        if self.reuse_actors:
+            pool_mod.POOL.clear()  # what this run did not take
         t_sources = time.time()
         ray.get([s.prepare.remote() for s in sources])  # grouping compiled, first batch read
         self.clock.input_part("sources", time.time() - t_sources)
@@ -674,7 +715,8 @@ class _PipelineRun:
         raise RunRestart(f"{lost} died", at_s, failures) from error
 
     def release(self) -> None:
-        """Whatever happened: no process left stopped, no actor of the run left."""
+        """Whatever happened: no process left stopped, no actor of the run left
+        (but those recycled for the session's next run, ``recycle``)."""
         self.bar.close()
         if self.loader is not None:
             self.loader.stop()
@@ -683,7 +725,10 @@ class _PipelineRun:
             self.stream.stop()
         if self.throttling is not None:
             self.throttling.stop()
+        kept = self.recycle()
         for a in self.actors:
+            if any(a is k for k in kept):
+                continue
             try:
                 ray.kill(a)
             except Exception:  # noqa: BLE001 - best effort cleanup
@@ -693,6 +738,27 @@ class _PipelineRun:
             # next attempt and drop logged micro-batches that attempt replays
             # (the actors are gone, so it ends now: saved whole, or not at all)
             self.stream.finish_checkpoints()
+
+    def recycle(self) -> list[Any]:
+        """After a clean run, the actors this session's next run may reuse
+        (``actors.pool``), recycled and in the pool; the others are killed.
+        Nothing is kept after a failure, an injected fault or a restart, nor
+        from a user's operator (its module and output capture stay in the process)."""
+        supervisor = getattr(self, "faults", None)
+        if (not self.reuse_actors or not self.completed or self.history or self.topo.faults
+                or self.topo.app.kind == "operator" or supervisor is None
+                or supervisor.failure_events()):
+            return []
+        refs = [(key, a, a.recycle.remote()) for key, a in self.reusable]
+        kept = []
+        for key, a, ref in refs:
+            try:
+                ok = ray.get(ref, timeout=30)
+            except Exception:  # noqa: BLE001 - gone, or stuck: not reused
+                ok = False
+            if ok and pool_mod.POOL.give(key, a):
+                kept.append(a)
+        return kept
 
     # ------------------------------------------------------------------ 8. report
     def write_outputs(self) -> dict[str, Any]:

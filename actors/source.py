@@ -24,7 +24,13 @@ import pyarrow as pa
 
 from runtime.dataflow.messages import SourceProgress, SourceStats, WorkerFence
 from runtime.dataflow.recovery import plan_resume
-from runtime.dataflow.reliability import Part, ResumePlan, WorkerLost, peak_rss_mb
+from runtime.dataflow.reliability import (
+    Part,
+    ResumePlan,
+    WorkerLost,
+    peak_rss_mb,
+    reset_peak_rss,
+)
 from runtime.dataflow.settings import SourceSettings
 from runtime.dataflow.source import (
     STREAM_POLL_S,
@@ -150,6 +156,14 @@ class SourceActor:
         """``shard``: the source's Ray Dataset, or its ``actors.shard_feed.FedShard``
         when the input arrives chunk by chunk; ``None`` for a live stream, whose
         micro-batches the driver hands over with ``feed``."""
+        self._lock = threading.Lock()
+        self._bind(index, shard, workers, settings, aggregator=aggregator, epoch=epoch,
+                   dead_workers=dead_workers)
+
+    def _bind(self, index: int, shard: Any, workers: Sequence[Any],
+              settings: SourceSettings, *, aggregator: Any, epoch: int,
+              dead_workers: Sequence[int]) -> None:
+        """Everything a run needs, built anew (``__init__``, ``rebind``)."""
         self.shard = shard
         self.inbox = StreamInbox(settings.max_pending_rows) if shard is None else None
         self._cut: Cut | None = None
@@ -161,7 +175,26 @@ class SourceActor:
         self.core = SourceCore(index, settings.grouping(index, clock=time.time),
                                RayTransport(index, workers), settings, control=self.control,
                                epoch=epoch, dead_workers=dead_workers)
-        self._lock = threading.Lock()
+
+    def recycle(self) -> bool:
+        """The run is over (``actors.pool``): its state dropped; ``False`` if
+        this process cannot be reused (a run still going)."""
+        if not self._lock.acquire(blocking=False):
+            return False
+        try:
+            del self.core, self.control, self.shard, self.inbox, self._prepared, self._cut
+        finally:
+            self._lock.release()
+        return reset_peak_rss()
+
+    def rebind(self, index: int, shard: Any, workers: Sequence[Any],
+               settings: SourceSettings, *, aggregator: Any = None, epoch: int = 0,
+               dead_workers: Sequence[int] = ()) -> int:
+        """A recycled source becomes the next run's (``__init__``'s arguments); its pid."""
+        with self._lock:
+            self._bind(index, shard, workers, settings, aggregator=aggregator, epoch=epoch,
+                       dead_workers=dead_workers)
+        return os.getpid()
 
     def feed(self, table: pa.Table, handed_ts: float) -> int:
         """A live stream's rows for this source (blocks while the inbox is

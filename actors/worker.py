@@ -26,7 +26,7 @@ from runtime.dataflow.messages import (
     WorkerProgress,
     WorkerStats,
 )
-from runtime.dataflow.reliability import Flush, Part, peak_rss_mb
+from runtime.dataflow.reliability import Flush, Part, peak_rss_mb, reset_peak_rss
 from runtime.dataflow.settings import WorkerSettings
 from runtime.dataflow.worker import WorkerCore
 from runtime.reporting.metrics import DistinctKeys
@@ -50,9 +50,14 @@ class WorkerActor:
         ``base_dir`` resolves a user's file)."""
         import ray
 
+        self._ray = ray
+        self._bind(worker_id, app, base_dir, aggregator, settings)
+
+    def _bind(self, worker_id: int, app: dict[str, Any], base_dir: str,
+              aggregator: Any, settings: WorkerSettings) -> None:
+        """Everything a run needs, built anew (``__init__``, ``rebind``)."""
         from runtime.operators import WorkerApp, operator_for_app
 
-        self._ray = ray
         self._agg = aggregator
         #: why this worker cannot go on (its processing thread died, or the
         #: operator failed merging a flush); every call raises it from then on
@@ -60,13 +65,13 @@ class WorkerActor:
         self._commits: queue.Queue[tuple[int, Any] | None] = queue.Queue()
         self._inflight_commits = 0
         self._commit_lock = threading.Condition()
-        stopped_clock = None
+        self._stopped_clock: Any = None
         if settings.throttle == "duty-cycle":
             from actors.throttle import StoppedClock
 
-            stopped_clock = StoppedClock()  # what the throttler says, exactly
+            self._stopped_clock = StoppedClock()  # what the throttler says, exactly
         self.core = WorkerCore(worker_id, WorkerApp(operator_for_app(app, base_dir)), settings,
-                               sink=self._sink, stopped_clock=stopped_clock)
+                               sink=self._sink, stopped_clock=self._stopped_clock)
         self._warm_up()
         self._telemetry: Any = None  # live metrics (actors.telemetry), from start_run
         self._thread = threading.Thread(target=self._loop, name=f"worker-{worker_id}", daemon=True)
@@ -74,6 +79,29 @@ class WorkerActor:
         self._committer = threading.Thread(target=self._commit_loop, daemon=True,
                                            name=f"worker-{worker_id}-commits")
         self._committer.start()
+
+    def recycle(self) -> bool:
+        """The run is over and this process waits for the next one
+        (``actors.pool``): the threads stopped, the run's state dropped.
+        ``False``: it cannot be reused (its peak RSS would carry this run's)."""
+        self.core.stop()
+        self._thread.join(timeout=30)
+        if self._telemetry is not None:
+            self._telemetry.stop()
+        self._commits.put(None)
+        self._committer.join(timeout=30)
+        if self._thread.is_alive() or self._committer.is_alive():
+            return False
+        if self._stopped_clock is not None:
+            self._stopped_clock.close()
+        del self.core, self._agg
+        return reset_peak_rss()
+
+    def rebind(self, worker_id: int, app: dict[str, Any], base_dir: str,
+               aggregator: Any, settings: WorkerSettings) -> int:
+        """A recycled worker becomes the next run's (``__init__``'s arguments); its pid."""
+        self._bind(worker_id, app, base_dir, aggregator, settings)
+        return os.getpid()
 
     def capture_output(self, path: str, name: str) -> bool:
         """The operator's prints go to the run's ``operators.log`` (``actors.operator_output``)."""

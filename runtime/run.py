@@ -167,7 +167,8 @@ def _run(topo: Topology, out: Path, args: Any, sizing_args: tuple[Any, ...], *,
                 print(f"[{topo.name}] prometheus: {prom.url} (query ray_hs_worker_rate; "
                       f"its data: {prom.dir})", file=sys.stderr, flush=True)
             engine = stack.enter_context(RayEngine(topo.name, args.address, topo=topo,
-                                                   spark=sizing, log_file=log_file))
+                                                   spark=sizing, log_file=log_file,
+                                                   reuse_actors=False))  # one run
             report = engine.run(topo, out, progress=not args.no_progress, resume=resume,
                                 verify=args.verify, plot=False)
             clock = engine.clock

@@ -125,7 +125,9 @@ def test_files_dropped_into_a_live_stream_are_counted_once(ray_spark, tmp_path) 
             if len(namespace) == 1:
                 threading.Thread(target=feed, daemon=True).start()
 
-    report = run_with_restarts(topo, out, ray_spark, progress=False, log=log)
+    # new actors, named in the namespace the log names (reused ones keep their first run's)
+    report = run_with_restarts(topo, out, ray_spark, progress=False, log=log,
+                               reuse_actors=False)
     assert not failure, failure
     stream = report["stream"]
     assert stream["restarts"] == ["the aggregator died", "source-0 died"]

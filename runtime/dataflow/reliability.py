@@ -627,6 +627,28 @@ def peak_rss_mb(pid: int | None = None) -> float | None:
 
 
 
+def reset_peak_rss() -> bool:
+    """Start this process's peak RSS (``peak_rss_mb``) afresh from what it holds
+    now, after the garbage is collected and freed memory given back to the
+    system (glibc's ``malloc_trim``): how a reused actor process
+    (``actors.pool``) reports only its new run's peak. ``False`` where Linux's
+    ``/proc/self/clear_refs`` cannot reset it."""
+    import ctypes
+    import gc
+
+    gc.collect()
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass  # not glibc: the peak starts from a larger heap
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")  # resets VmHWM to the current RSS
+    except OSError:
+        return False
+    return True
+
+
 @dataclass
 class FaultEvent:
     """One injected fault and what recovering from it took (report.json ``failures``)."""

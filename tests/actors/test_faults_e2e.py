@@ -235,7 +235,8 @@ def test_stalled_worker_keeps_memory_bounded_and_run_exact(ray_spark, tmp_path, 
         topo = _topology("kg", **{**over, "workers": {
             "throttle": "service", "changes": [{"at_s": 1.0, "worker": 1, "capacity": 0.01},
                                                {"at_s": 6.0, "worker": 1, "capacity": 1.0}]}})
-    report = _run_exact(ray_spark, topo, tmp_path / "stall")
+    # (new actors: _stop_for finds worker-1 by the run's namespace; reused ones keep their first's)
+    report = _run_exact(ray_spark, topo, tmp_path / "stall", reuse_actors=False)
     if mode == "stopped":
         th.join(timeout=30)
         assert "error" not in done, done["error"]

@@ -61,8 +61,9 @@ def test_metrics_on_the_prometheus_endpoint_during_a_run(ray_spark, tmp_path) ->
     scraper = Scraper(endpoints)
     scraper.start()
     try:
+        # new actors, as runtime.run starts them (reused ones keep their first run's names)
         report = run_pipeline(topo, tmp_path / "run", ray_spark, progress=False,
-                              log=lambda m: None)
+                              log=lambda m: None, reuse_actors=False)
         t_end = time.time()
     finally:
         scraper.stop.set()

@@ -26,6 +26,8 @@ from runtime.dataflow.reliability import (
     Tag,
     WorkerLost,
     _isin,
+    peak_rss_mb,
+    reset_peak_rss,
     resume_plan,
 )
 from runtime.dataflow.settings import AggregatorSettings, SourceSettings, WorkerSettings
@@ -413,3 +415,14 @@ def test_duplicate_lookup_equals_numpys_isin(idx: list[int], held: list[int]) ->
     np.testing.assert_array_equal(_isin(a, b), np.isin(a, b))
     small_a, small_b = np.abs(a) % 700, np.abs(b) % 700  # the mask's own range
     np.testing.assert_array_equal(_isin(small_a, small_b), np.isin(small_a, small_b))
+
+
+def test_reset_peak_rss_starts_the_peak_from_what_the_process_holds() -> None:
+    big = bytearray(200 << 20)
+    big[::4096] = b"1" * len(big[::4096])  # touched: resident
+    before = peak_rss_mb()
+    del big
+    assert reset_peak_rss()
+    after = peak_rss_mb()
+    assert before is not None and after is not None
+    assert after < before - 150, (before, after)
