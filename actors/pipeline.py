@@ -740,8 +740,9 @@ class _PipelineRun:
             self.stream.finish_checkpoints()
 
     def recycle(self) -> list[Any]:
-        """After a clean run, the actors this session's next run may reuse
-        (``actors.pool``), recycled and in the pool; the others are killed.
+        """After a clean run, the actors this session's next run may reuse,
+        now in the pool (``actors.pool``: they recycle while this run writes
+        its outputs); the others are killed.
         Nothing is kept after a failure, an injected fault or a restart, nor
         from a user's operator (its module and output capture stay in the process)."""
         supervisor = getattr(self, "faults", None)
@@ -749,16 +750,7 @@ class _PipelineRun:
                 or self.topo.app.kind == "operator" or supervisor is None
                 or supervisor.failure_events()):
             return []
-        refs = [(key, a, a.recycle.remote()) for key, a in self.reusable]
-        kept = []
-        for key, a, ref in refs:
-            try:
-                ok = ray.get(ref, timeout=30)
-            except Exception:  # noqa: BLE001 - gone, or stuck: not reused
-                ok = False
-            if ok and pool_mod.POOL.give(key, a):
-                kept.append(a)
-        return kept
+        return [a for key, a in self.reusable if pool_mod.POOL.give(key, a)]
 
     # ------------------------------------------------------------------ 8. report
     def write_outputs(self) -> dict[str, Any]:

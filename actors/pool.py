@@ -34,6 +34,9 @@ from typing import Any
 
 import ray
 
+#: how long a run waits for an idle actor's recycling before starting a new one
+RECYCLE_TIMEOUT_S = 30.0
+
 #: the options of an actor that may be reused (``runtime.placement.actor_options(None)``)
 REUSABLE_OPTIONS: dict[str, Any] = {"num_cpus": 0}
 
@@ -49,7 +52,8 @@ class ActorPool:
 
     def __init__(self) -> None:
         self._session: tuple[str, str] | None = None
-        self._idle: dict[Hashable, Any] = {}
+        #: key -> (actor, the ref of its ``recycle``: ``True`` once it is ready)
+        self._idle: dict[Hashable, tuple[Any, Any]] = {}
 
     @staticmethod
     def key(role: str, index: int, options: dict[str, Any]) -> Hashable | None:
@@ -66,28 +70,41 @@ class ActorPool:
             self._session, self._idle = session, {}
 
     def take(self, key: Hashable | None) -> Any:
-        """The idle actor for ``key`` (now the caller's), or ``None``."""
+        """The idle actor for ``key`` (now the caller's), or ``None`` (none, or
+        its recycling failed: then it is killed)."""
         if key is None or not ray.is_initialized():
             return None
         self._check_session()
-        return self._idle.pop(key, None)
+        entry = self._idle.pop(key, None)
+        if entry is None:
+            return None
+        actor, recycled = entry
+        try:
+            ok = ray.get(recycled, timeout=RECYCLE_TIMEOUT_S)
+        except Exception:  # noqa: BLE001 - gone, or stuck
+            ok = False
+        if not ok:
+            _kill(actor)
+            return None
+        return actor
 
     def give(self, key: Hashable | None, actor: Any) -> bool:
-        """Keep ``actor`` (already recycled) for the next run; ``False`` if it is not kept."""
+        """Keep ``actor`` for the next run; it recycles meanwhile (``take``
+        waits for that). ``False``: not kept (the caller kills it)."""
         if key is None or not ray.is_initialized():
             return False
         self._check_session()
         old = self._idle.pop(key, None)
         if old is not None:
-            _kill(old)
-        self._idle[key] = actor
+            _kill(old[0])
+        self._idle[key] = (actor, actor.recycle.remote())
         return True
 
     def clear(self) -> None:
         """Kill every idle actor (a run starting takes what it needs first)."""
         idle, self._idle = self._idle, {}
         if ray.is_initialized() and self._session == _session():
-            for actor in idle.values():
+            for actor, _ in idle.values():
                 _kill(actor)
 
 

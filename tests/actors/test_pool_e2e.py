@@ -22,7 +22,8 @@ ROLES = {("aggregator", 0), *(("worker", i) for i in range(4)), *(("source", s) 
 
 def _idle() -> dict:
     """The pool's idle actors by ``(role, index)``, and their pids."""
-    idle = dict(pool_mod.POOL._idle)
+    idle = {key: actor for key, (actor, _) in pool_mod.POOL._idle.items()}
+    assert all(ray.get([r for _, r in pool_mod.POOL._idle.values()], timeout=60))  # recycled
     pids = ray.get([a.pid.remote() for a in idle.values()], timeout=30)
     return {key[:2]: (a._actor_id, pid) for (key, a), pid in zip(idle.items(), pids, strict=True)}
 
