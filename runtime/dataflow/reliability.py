@@ -626,7 +626,6 @@ def peak_rss_mb(pid: int | None = None) -> float | None:
     return None
 
 
-
 def reset_peak_rss() -> bool:
     """Start this process's peak RSS (``peak_rss_mb``) afresh from what it holds
     now, after the garbage is collected and freed memory given back to the
