@@ -725,14 +725,10 @@ class _PipelineRun:
             self.stream.stop()
         if self.throttling is not None:
             self.throttling.stop()
-        kept = self.recycle()
+        kept = {id(a) for a in self.recycle()}
         for a in self.actors:
-            if any(a is k for k in kept):
-                continue
-            try:
-                ray.kill(a)
-            except Exception:  # noqa: BLE001 - best effort cleanup
-                pass
+            if id(a) not in kept:
+                pool_mod.kill_quietly(a)
         if self.stream is not None:
             # a checkpoint still being saved would otherwise finish beside the
             # next attempt and drop logged micro-batches that attempt replays
@@ -742,7 +738,7 @@ class _PipelineRun:
     def recycle(self) -> list[Any]:
         """After a clean run, the actors this session's next run may reuse,
         now in the pool (``actors.pool``: they recycle while this run writes
-        its outputs); the others are killed.
+        its outputs); ``release`` kills the others.
         Nothing is kept after a failure, an injected fault or a restart, nor
         from a user's operator (its module and output capture stay in the process)."""
         supervisor = getattr(self, "faults", None)

@@ -84,7 +84,7 @@ class ActorPool:
         except Exception:  # noqa: BLE001 - gone, or stuck
             ok = False
         if not ok:
-            _kill(actor)
+            kill_quietly(actor)
             return None
         return actor
 
@@ -96,19 +96,24 @@ class ActorPool:
         self._check_session()
         old = self._idle.pop(key, None)
         if old is not None:
-            _kill(old[0])
+            kill_quietly(old[0])
         self._idle[key] = (actor, actor.recycle.remote())
         return True
+
+    def idle(self) -> dict[Hashable, tuple[Any, Any]]:
+        """The idle actors: key -> (actor, the ref of its ``recycle``)."""
+        return dict(self._idle)
 
     def clear(self) -> None:
         """Kill every idle actor (a run starting takes what it needs first)."""
         idle, self._idle = self._idle, {}
         if ray.is_initialized() and self._session == _session():
             for actor, _ in idle.values():
-                _kill(actor)
+                kill_quietly(actor)
 
 
-def _kill(actor: Any) -> None:
+def kill_quietly(actor: Any) -> None:
+    """``ray.kill(actor)``, if it still lives."""
     try:
         ray.kill(actor)
     except Exception:  # noqa: BLE001 - already gone

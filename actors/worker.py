@@ -84,10 +84,7 @@ class WorkerActor:
         """The run is over and this process waits for the next one
         (``actors.pool``): the threads stopped, the run's state dropped.
         ``False``: it cannot be reused (its peak RSS would carry this run's)."""
-        self.core.stop()
-        self._thread.join(timeout=30)
-        if self._telemetry is not None:
-            self._telemetry.stop()
+        self._stop_processing()
         self._commits.put(None)
         self._committer.join(timeout=30)
         if self._thread.is_alive() or self._committer.is_alive():
@@ -208,11 +205,15 @@ class WorkerActor:
     def progress(self) -> WorkerProgress:
         return self.core.progress()
 
-    def finish(self) -> WorkerStats:
+    def _stop_processing(self) -> None:
+        """The processing thread ends; live metrics get one last update."""
         self.core.stop()
         self._thread.join(timeout=30)
         if self._telemetry is not None:
             self._telemetry.stop()  # one last update with everything processed
+
+    def finish(self) -> WorkerStats:
+        self._stop_processing()
         self._raise_if_crashed()
         stats = self.core.finish()
         self._wait_commits()

@@ -22,8 +22,9 @@ ROLES = {("aggregator", 0), *(("worker", i) for i in range(4)), *(("source", s) 
 
 def _idle() -> dict:
     """The pool's idle actors by ``(role, index)``, and their pids."""
-    idle = {key: actor for key, (actor, _) in pool_mod.POOL._idle.items()}
-    assert all(ray.get([r for _, r in pool_mod.POOL._idle.values()], timeout=60))  # recycled
+    entries = pool_mod.POOL.idle()
+    idle = {key: actor for key, (actor, _) in entries.items()}
+    assert all(ray.get([r for _, r in entries.values()], timeout=60))  # recycled
     pids = ray.get([a.pid.remote() for a in idle.values()], timeout=30)
     return {key[:2]: (a._actor_id, pid) for (key, a), pid in zip(idle.items(), pids, strict=True)}
 
@@ -49,7 +50,7 @@ def test_a_clean_run_leaves_its_actors_to_the_next_which_is_exact(ray_spark, tmp
     df, ref = _input(ray_spark, faulty)
     run_pipeline(faulty, tmp_path / "c", ray_spark, progress=False, log=lambda m: None, df=df)
     assert table_diff(pq.read_table(tmp_path / "c" / "result.parquet"), ref) is None
-    assert pool_mod.POOL._idle == {}
+    assert pool_mod.POOL.idle() == {}
 
     # a run of another shape takes new processes; then it leaves its own
     _run_and_check(ray_spark, _topology("kg", files, sources=1,
@@ -57,4 +58,3 @@ def test_a_clean_run_leaves_its_actors_to_the_next_which_is_exact(ray_spark, tmp
     third = _idle()
     assert set(third) == {("aggregator", 0), ("worker", 0), ("worker", 1), ("source", 0)}
     assert not {v[1] for v in third.values()} & {v[1] for v in first.values()}
-
