@@ -180,6 +180,10 @@ def engine_session(app_name: str, address: str | None = None, *,
                                _system_config=system_config or None)
         except ConnectionError as e:
             fail(f"--address: cannot attach to the Ray cluster at {address!r} ({e})")
+        # ray.init puts its own SIGTERM handler in place (exit code 15, a stack
+        # dump on the console, "the run failed"): ours again, so that SIGTERM
+        # stops the run as Ctrl-C does
+        signal.signal(signal.SIGTERM, _sigterm)
         phases.startup_step("ray", t_ray)
         cluster.check_spark_fits(sizing.cpus)
         if topo is not None:  # before anything else is printed: one line, exit 2
