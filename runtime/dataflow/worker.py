@@ -267,8 +267,12 @@ class SourceSignals:
 class FlushCadence:
     """When a worker flushes: every ``aggregate_every_s``. A coordinated
     scheme's worker (``report_every_s`` set) also reports its rate in every
-    flush, so it flushes at least every ``report_every_s``, the first time
-    early (``FIRST_PLAN_S``): the controller's first plan should not wait."""
+    flush, so it flushes at least every ``report_every_s`` - and, until the
+    controller's first table reaches it (``planned``), for at most
+    ``report_every_s``, every ``FIRST_PLAN_S``: the controller's first plan
+    needs every worker's rate, and a report with almost no time with work in
+    it (the first calls still on their way) gives none, so the first plan
+    would otherwise wait a whole ``report_every_s`` for the next one."""
 
     def __init__(self, aggregate_every_s: float, report_every_s: float | None,
                  now: float) -> None:
@@ -282,7 +286,8 @@ class FlushCadence:
         return self.report_every_s is not None
 
     def restart(self, now: float) -> None:
-        self.last = now
+        self.last = self.started = now
+        self.planned = False
         self.every_s = (self.aggregate_every_s if self.report_every_s is None
                         else min(self.aggregate_every_s, self.report_every_s, FIRST_PLAN_S))
 
@@ -295,7 +300,8 @@ class FlushCadence:
 
     def flushed(self, now: float) -> None:
         self.last = now
-        if self.report_every_s is not None:
+        if self.report_every_s is not None and (
+                self.planned or now - self.started >= self.report_every_s):
             self.every_s = min(self.aggregate_every_s, self.report_every_s)
 
 
@@ -556,6 +562,8 @@ class WorkerCore:
     def on_table(self, table: Any) -> None:
         """The controller's latest VW table (from the commit answers)."""
         self._tables.offer(table)
+        if table is not None:
+            self._cadence.planned = True
 
     def on_committed(self, seq: int) -> None:
         """The aggregator committed flush ``seq`` (and every earlier one)."""

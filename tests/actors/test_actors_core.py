@@ -679,3 +679,29 @@ def test_rebatch_cuts_the_stream_the_same_whatever_its_blocks(seed: int) -> None
     assert [t.num_rows for t in got] == [min(rows, n - i) for i in range(0, n, rows)]
     assert (pa.concat_tables(got).equals(stream) if got else n == 0)
 
+
+
+def test_a_reporting_worker_flushes_early_until_the_first_table_reaches_it() -> None:
+    """A coordinated scheme's worker reports every ``FIRST_PLAN_S`` until the
+    controller's first table comes back to it, then every ``report_every_s``:
+    a first report with too little time with work in it to give a rate must
+    not hold the first plan for a whole ``report_every_s``."""
+    from runtime.grouping.coordination import FIRST_PLAN_S, VwTable
+
+    ft = FakeTime(0.0)
+    flushes: list[float] = []
+    w = WorkerCore(0, WorkerApp(builtin_operator("wordcount")),
+                   WorkerSettings(service_us=0.0, report_every_s=0.5, aggregate_every_s=1.0),
+                   sink=lambda f: flushes.append(ft.t), clock=ft.clock, sleep=ft.sleep, t0=0.0)
+    step = FIRST_PLAN_S * 1.01  # (a little over: sums of floats)
+    for _ in range(3):  # no table yet: every FIRST_PLAN_S
+        ft.sleep(step)
+        assert w.maybe_flush()
+    assert len(flushes) == 3 and w.flushes == 3
+    w.on_table(VwTable(1, np.zeros(4, dtype=np.int32)))
+    ft.sleep(step)
+    assert w.maybe_flush()  # the flush that was due; from here on, every 0.5 s
+    ft.sleep(step)
+    assert not w.maybe_flush()
+    ft.sleep(0.5 - FIRST_PLAN_S)
+    assert w.maybe_flush()

@@ -121,10 +121,18 @@ def test_flush_cadence() -> None:
     coordinated = FlushCadence(5.0, 2.0, now=0.0)
     assert coordinated.reports
     assert coordinated.every_s == min(2.0, FIRST_PLAN_S)  # the first report comes early
-    coordinated.flushed(1.0)
+    coordinated.flushed(1.0)  # no table of the controller's yet: reports stay early
+    assert coordinated.every_s == min(2.0, FIRST_PLAN_S)
+    coordinated.planned = True  # the first table came (WorkerCore.on_table)
+    coordinated.flushed(1.1)
     assert coordinated.every_s == 2.0
     coordinated.restart(3.0)
     assert coordinated.every_s == min(2.0, FIRST_PLAN_S) and coordinated.last == 3.0
+    assert not coordinated.planned  # a new run waits for its own first plan
+    coordinated.flushed(4.9)
+    assert coordinated.every_s == min(2.0, FIRST_PLAN_S)
+    coordinated.flushed(5.0)  # no plan after report_every_s: the usual cadence anyway
+    assert coordinated.every_s == 2.0
 
 
 def test_each_source_gets_each_newer_table_once() -> None:
