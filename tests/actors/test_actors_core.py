@@ -680,7 +680,6 @@ def test_rebatch_cuts_the_stream_the_same_whatever_its_blocks(seed: int) -> None
     assert (pa.concat_tables(got).equals(stream) if got else n == 0)
 
 
-
 def test_a_reporting_worker_flushes_early_until_the_first_table_reaches_it() -> None:
     """A coordinated scheme's worker reports every ``FIRST_PLAN_S`` until the
     controller's first table comes back to it, then every ``report_every_s``:
