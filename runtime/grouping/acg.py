@@ -592,6 +592,10 @@ class AcgController:
                 st.last_report = now
             if st.busy_s < MIN_BUSY_S:
                 continue
+            if st.value is None and st.processed == 0 and st.busy_s < self.epoch_s:
+                # its first calls are still in service (or its kernels compiling):
+                # no rate yet - a 0 would plan it at a thousandth of the others
+                continue
             sample = st.processed / st.busy_s
             st.recent = [*st.recent[-(RECENT - 1):], (sample, st.busy_s)]
             st.seen_s += st.busy_s

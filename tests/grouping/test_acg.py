@@ -434,6 +434,28 @@ def test_the_first_plan_comes_a_tenth_of_a_second_in() -> None:
     assert np.bincount(table.owner, minlength=2)[1] <= R // 2
 
 
+def test_a_first_report_with_nothing_served_yet_is_no_rate() -> None:
+    """A worker whose first call is still in service (nothing served, time
+    with work) is not measured at 0 - which would strip it of its VWs - until
+    it has been busy a whole epoch without serving anything."""
+    ctl = AcgController(2, 2 * R, t0=0.0, sources=1)
+    ctl.report(0, 100, 0.1, 0.1)
+    ctl.report(1, 0, 0.08, 0.1)  # its first call not done yet
+    ctl.report_routed(0, 0.0, 0.1, np.arange(2 * R), np.full(2 * R, 100 / (2 * R)))
+    assert ctl.tick(0.1) is None and ctl.rates[1].value is None  # no plan on a guess
+    ctl.report(0, 100, 0.1, 0.2)
+    ctl.report(1, 100, 0.1, 0.2)  # the call done: 100 messages in 0.18 s of work
+    ctl.report_routed(0, 0.1, 0.2, np.arange(2 * R), np.full(2 * R, 100 / (2 * R)))
+    ctl.tick(0.2)
+    assert ctl.rates[1].value == pytest.approx(100 / 0.18)
+    stalled = AcgController(2, 2 * R, t0=0.0, sources=1, epoch_s=0.5)
+    for k in range(1, 7):  # worker 1 busy all along and serving nothing: measured at 0
+        stalled.report(0, 100, 0.1, 0.1 * k)
+        stalled.report(1, 0, 0.1, 0.1 * k)
+        stalled.tick(0.1 * k)
+    assert stalled.rates[1].value == 0.0
+
+
 def test_backlog_is_what_a_worker_was_sent_and_did_not_serve_since_it_was_idle() -> None:
     """Worker 0 busy all along gets 200 more than it serves, then 100 more; a
     window it was idle in (busy 0.4 of 0.5 s) starts its count again at 0.
