@@ -20,11 +20,14 @@ setup: $(STAMP)
 demo: $(STAMP)
 	$(BIN)/python -m runtime.run topologies/demo.yaml
 
+# the fast tests on two processes (pytest-xdist), then the end-to-end tests
+# in one: they share one Ray + Spark session and want both cores each
 test: $(STAMP)
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -m "not e2e" -n 2
+	$(BIN)/python -m pytest -q -m e2e
 
 test-fast: $(STAMP)
-	$(BIN)/python -m pytest -q -m "not e2e"
+	$(BIN)/python -m pytest -q -m "not e2e" -n 2
 
 test-e2e: $(STAMP)
 	$(BIN)/python -m pytest -q -m e2e
