@@ -162,9 +162,14 @@ def engine_session(app_name: str, address: str | None = None, *,
     # Spark's Python side (pyspark, RayDP, Ray Data: ~1-2 s of imports) loads
     # while Ray starts: RayDP itself needs Ray up, its modules do not
     # and Spark's driver JVM starts too: it needs Ray only for its SparkContext
+    extra = dict(sizing.conf)
+    # a small input: the executor's life is its start-up, at the quick JIT tier
+    if (topo is not None and "spark.executor.extraJavaOptions" not in extra
+            and spark_input.quick_executor(topo)):
+        extra["spark.executor.extraJavaOptions"] = spark_input.PLANNER_JVM_OPTIONS
     driver: dict[str, Any] = {"executor_memory": sizing.memory,
                               "num_executors": sizing.executors,
-                              "executor_cores": sizing.cores, "extra_configs": dict(sizing.conf)}
+                              "executor_cores": sizing.cores, "extra_configs": extra}
     preload = threading.Thread(target=spark_input.preload, args=(driver, log_file),
                                name="spark-preload", daemon=True)
     preload.start()

@@ -77,6 +77,12 @@ JAVA17_OPTIONS = " ".join(f"--add-opens=java.base/{p}=ALL-UNNAMED" for p in _OPE
 #: (docs/benchmarks.md, "The planning JVMs' JIT"). The executors keep the
 #: full JIT: they convert the data.
 PLANNER_JVM_OPTIONS = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
+#: ... and the executors too when the input is known to be at most this many
+#: rows (``quick_executor``): then the executor's life is mostly its start-up
+#: and first job, and the quick tier brought the first block 1.8 s sooner on
+#: 2 cores (20,000 and 300,000 rows). It converts data ~1.5x slower: +0.35 s
+#: per million rows (docs/benchmarks.md, "The executor's JIT for a small input")
+QUICK_EXECUTOR_ROWS = 1_000_000
 
 #: the settings spark-submit reads to start the driver JVM (``launch_driver``)
 DRIVER_JVM_CONFS = ("spark.driver.extraJavaOptions", "spark.driver.extraClassPath",
@@ -369,8 +375,34 @@ def _session_configs(extra_configs: dict[str, str] | None, *,
         "spark.sql.shuffle.partitions": "4",
     }
     for k, v in (extra_configs or {}).items():
-        configs[k] = f"{v} {JAVA17_OPTIONS}" if k.endswith("extraJavaOptions") else v
+        if k == "spark.executor.extraJavaOptions":  # ours kept (Java 17's, the scratch dir)
+            configs[k] = f"{v} {configs[k]}"
+        else:
+            configs[k] = f"{v} {JAVA17_OPTIONS}" if k.endswith("extraJavaOptions") else v
     return configs
+
+
+def quick_executor(topo: Topology) -> bool:
+    """Whether ``topo``'s input is known to be at most ``QUICK_EXECUTOR_ROWS``
+    rows before Spark reads it: a generated stream, an ``input.limit``, or a
+    local Parquet file's footer. A live stream, a directory, CSV or JSON
+    without a limit: not known, so the executor keeps the full JIT."""
+    i = topo.input
+    if i.stream:
+        return False
+    if i.generated:
+        rows: int | None = generated_messages(topo)
+    elif i.limit is not None:
+        rows = i.limit
+    else:
+        rows = None
+        path = topo.input_path()
+        if i.format == "parquet" and path is not None and path.is_file():
+            import pyarrow.parquet as pq
+
+            with contextlib.suppress(Exception):  # Spark reads it and says what is wrong
+                rows = pq.read_metadata(path).num_rows
+    return rows is not None and rows <= QUICK_EXECUTOR_ROWS
 
 
 def session_cpus() -> float:

@@ -82,3 +82,49 @@ def test_the_spark_scratch_dir_is_the_sessions_and_a_dead_ones_is_removed(
     assert "java.io.tmpdir" not in conf["spark.executor.extraJavaOptions"]
     local = spark_input._session_configs(None, executors_local=True)
     assert f"-Djava.io.tmpdir={d}" in local["spark.executor.extraJavaOptions"]
+
+
+def test_an_executors_java_options_keep_ours(monkeypatch, tmp_path) -> None:
+    """A user's (or the quick tier's) executor options come first; Java 17's
+    and the scratch directory stay."""
+    from actors import spark_input
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    monkeypatch.setattr(spark_input, "_scratch", None)
+    conf = spark_input._session_configs(
+        {"spark.executor.extraJavaOptions": spark_input.PLANNER_JVM_OPTIONS},
+        executors_local=True)
+    opts = conf["spark.executor.extraJavaOptions"]
+    assert opts.startswith(spark_input.PLANNER_JVM_OPTIONS + " ")
+    assert spark_input.JAVA17_OPTIONS in opts
+    assert f"-Djava.io.tmpdir={spark_input.scratch_dir()}" in opts
+
+
+def test_the_executor_takes_the_quick_jit_tier_only_for_an_input_known_small(tmp_path) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from actors.spark_input import QUICK_EXECUTOR_ROWS, quick_executor
+    from runtime.topology import load_topology
+
+    def topo(inp: dict) -> object:
+        return load_topology({"name": "q", "input": inp, "sources": 1,
+                              "workers": {"count": 1}, "grouping": {"scheme": "kg"}})
+
+    assert quick_executor(topo({"format": "zipf", "messages": QUICK_EXECUTOR_ROWS}))
+    assert not quick_executor(topo({"format": "zipf", "messages": QUICK_EXECUTOR_ROWS + 1}))
+    assert quick_executor(topo({"format": "zipf", "messages": 10**8, "limit": 1000}))
+    small, big = tmp_path / "small.parquet", tmp_path / "big.parquet"
+    pq.write_table(pa.table({"key": ["a"] * 10}), small)
+    pq.write_table(pa.table({"key": ["a"] * (QUICK_EXECUTOR_ROWS + 1)}), big)
+    assert quick_executor(topo({"format": "parquet", "path": str(small)}))
+    assert not quick_executor(topo({"format": "parquet", "path": str(big)}))
+    assert quick_executor(topo({"format": "parquet", "path": str(big), "limit": 5}))
+    # not known before Spark reads it: a CSV file, a directory, a live stream
+    (tmp_path / "k.csv").write_text("key\na\n")
+    assert not quick_executor(topo({"format": "csv", "path": str(tmp_path / "k.csv")}))
+    d = tmp_path / "dir"
+    d.mkdir()
+    pq.write_table(pa.table({"key": ["a"]}), d / "part-0.parquet")
+    assert not quick_executor(topo({"format": "parquet", "path": str(d)}))
+    assert not quick_executor(topo({"format": "parquet", "path": str(d), "stream": True}))
