@@ -375,10 +375,10 @@ def _session_configs(extra_configs: dict[str, str] | None, *,
         "spark.sql.shuffle.partitions": "4",
     }
     for k, v in (extra_configs or {}).items():
-        if k == "spark.executor.extraJavaOptions":  # ours kept (Java 17's, the scratch dir)
-            configs[k] = f"{v} {configs[k]}"
-        else:
-            configs[k] = f"{v} {JAVA17_OPTIONS}" if k.endswith("extraJavaOptions") else v
+        # Java options: ours kept (Java 17's, the scratch dir, the planners' JIT)
+        # and yours after them, so that yours win where both set one
+        configs[k] = f"{configs.get(k, JAVA17_OPTIONS)} {v}" if k.endswith(
+            "extraJavaOptions") else v
     return configs
 
 

@@ -84,20 +84,27 @@ def test_the_spark_scratch_dir_is_the_sessions_and_a_dead_ones_is_removed(
     assert f"-Djava.io.tmpdir={d}" in local["spark.executor.extraJavaOptions"]
 
 
-def test_an_executors_java_options_keep_ours(monkeypatch, tmp_path) -> None:
-    """A user's (or the quick tier's) executor options come first; Java 17's
-    and the scratch directory stay."""
+def test_java_options_given_keep_ours_and_come_last(monkeypatch, tmp_path) -> None:
+    """A user's (or the quick tier's) Java options come after ours, so they win
+    where both set one; Java 17's, the scratch directory and the planners'
+    JIT stay."""
     from actors import spark_input
 
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     monkeypatch.setattr(spark_input, "_scratch", None)
+    mine = "-XX:TieredStopAtLevel=4"
     conf = spark_input._session_configs(
-        {"spark.executor.extraJavaOptions": spark_input.PLANNER_JVM_OPTIONS},
+        {"spark.executor.extraJavaOptions": spark_input.PLANNER_JVM_OPTIONS,
+         "spark.driver.extraJavaOptions": mine, "spark.other.extraJavaOptions": mine},
         executors_local=True)
-    opts = conf["spark.executor.extraJavaOptions"]
-    assert opts.startswith(spark_input.PLANNER_JVM_OPTIONS + " ")
-    assert spark_input.JAVA17_OPTIONS in opts
-    assert f"-Djava.io.tmpdir={spark_input.scratch_dir()}" in opts
+    tmpdir = f"-Djava.io.tmpdir={spark_input.scratch_dir()}"
+    executor = conf["spark.executor.extraJavaOptions"]
+    assert executor.endswith(" " + spark_input.PLANNER_JVM_OPTIONS)
+    assert spark_input.JAVA17_OPTIONS in executor and tmpdir in executor
+    driver = conf["spark.driver.extraJavaOptions"]
+    assert driver.endswith(" " + mine) and tmpdir in driver
+    assert spark_input.PLANNER_JVM_OPTIONS in driver and spark_input.JAVA17_OPTIONS in driver
+    assert conf["spark.other.extraJavaOptions"] == f"{spark_input.JAVA17_OPTIONS} {mine}"
 
 
 def test_the_executor_takes_the_quick_jit_tier_only_for_an_input_known_small(tmp_path) -> None:
