@@ -45,12 +45,12 @@ import ray
 from runtime.dataflow.latency import LatencyHistogram
 from runtime.dataflow.messages import AggregatorStats, SourceStats, WorkerSeries, WorkerStats
 from runtime.dataflow.reliability import FaultEvent, FaultSchedule, peak_rss_mb
-from runtime.topology import Topology
+from runtime.topology import FaultSpec, Topology
 
 
 def not_yet_added(topo: Topology) -> list[int]:
     """Workers that join later (``workers.changes`` ``add``): not routed to at first."""
-    return [w for _, w, _ in topo.workers.added()]
+    return [w for _, w in topo.workers.added()]
 
 
 #: a worker ping not answered within this long is "busy", not dead (a stopped
@@ -79,10 +79,12 @@ class RunRestart(RuntimeError):
 
 @dataclass(frozen=True)
 class Kill:
-    """Kill ``actor`` ("worker-3", "source-0") at ``at_s`` (a ``faults`` entry)."""
+    """Kill ``actor`` ("worker-3", "source-0") at ``at_s`` (a ``faults``
+    entry; ``after_messages``: its trigger, when by progress)."""
 
     at_s: float
     actor: str
+    after_messages: int | None = None
 
     @property
     def kind(self) -> str:
@@ -101,6 +103,7 @@ class Join:
     op: ClassVar[str] = "add"
     at_s: float
     worker: int
+    after_messages: int | None = None
 
 
 @dataclass(frozen=True)
@@ -110,34 +113,44 @@ class Leave:
     op: ClassVar[str] = "remove"
     at_s: float
     worker: int
+    after_messages: int | None = None
+
+
+#: when: ``(at_s, None)`` by time or ``(None, after_messages)`` by progress
+When = tuple[float | None, int | None]
 
 
 class FaultInjector:
-    """The run's scheduled disruptions: ``due(now_s)`` returns each one once,
-    when its ``at_s`` has come - the kills first, then the membership changes,
-    each in time order (ties: by name). Whether one may still go ahead depends
-    on who is alive then: ``kill_refused`` / ``leave_refused``."""
+    """The run's scheduled disruptions: ``due(now_s, acked)`` returns each one
+    once, when its ``at_s`` has come or the sources have had its
+    ``after_messages`` acked - the kills first, then the membership changes,
+    each in trigger order (ties: by name). Whether one may still go ahead
+    depends on who is alive then: ``kill_refused`` / ``leave_refused``."""
 
-    def __init__(self, kills: Iterable[tuple[float, str]] = (),
-                 joins: Iterable[tuple[float, int]] = (),
-                 leaves: Iterable[tuple[float, int]] = ()) -> None:
-        self._kills = FaultSchedule(kills)
+    def __init__(self, kills: Iterable[tuple[When, str]] = (),
+                 joins: Iterable[tuple[When, int]] = (),
+                 leaves: Iterable[tuple[When, int]] = ()) -> None:
+        self._kills = FaultSchedule((a, n, name) for (a, n), name in kills)
         self._membership = FaultSchedule(
-            [(a, f"add:{w}") for a, w in joins] + [(a, f"remove:{w}") for a, w in leaves])
+            [(a, n, f"add:{w}") for (a, n), w in joins]
+            + [(a, n, f"remove:{w}") for (a, n), w in leaves])
 
     @classmethod
     def of(cls, topo: Topology) -> FaultInjector:
         """The schedule of ``topo``'s ``faults`` and ``workers.changes``."""
-        return cls(((f.at_s, f.kill) for f in topo.faults),
-                   [(a, w) for a, w, _ in topo.workers.added()],
-                   [(m.at_s, m.remove) for m in topo.workers.membership if m.remove is not None])
+        return cls((((f.at_s, f.after_messages), f.kill) for f in topo.faults),
+                   [((m.at_s, m.after_messages), w) for m, w in topo.workers.added()],
+                   [((m.at_s, m.after_messages), m.remove) for m in topo.workers.membership
+                    if m.remove is not None])
 
-    def due(self, now_s: float) -> list[Kill | Join | Leave]:
-        """What is due by ``now_s`` (seconds into the run) and was not returned before."""
-        out: list[Kill | Join | Leave] = [Kill(a, name) for a, name in self._kills.due(now_s)]
-        for at_s, what in self._membership.due(now_s):
+    def due(self, now_s: float, acked: int = 0) -> list[Kill | Join | Leave]:
+        """What is due by ``now_s`` (seconds into the run) with ``acked``
+        messages acked, and was not returned before."""
+        out: list[Kill | Join | Leave] = [Kill(a, name, n)
+                                          for a, n, name in self._kills.due(now_s, acked)]
+        for at_s, n, what in self._membership.due(now_s, acked):
             op, _, w = what.partition(":")
-            out.append(Join(at_s, int(w)) if op == "add" else Leave(at_s, int(w)))
+            out.append(Join(at_s, int(w), n) if op == "add" else Leave(at_s, int(w), n))
         return out
 
     def __len__(self) -> int:
@@ -252,6 +265,7 @@ class Supervisor:
         self._agg_ping: Any = None
         self._utilization = [0.0] * len(self.workers)
         self.t0 = time.time()
+        self._acked_max = 0
         self.namespace = ""
         self.runs: list[Any] = []
         #: the last failure records each source incarnation reported through
@@ -270,9 +284,12 @@ class Supervisor:
         self.runs = [s.run.remote(t0, namespace) for s in self.sources]
         return self.runs
 
-    def poll(self) -> None:
+    def poll(self, acked: int = 0) -> None:
+        """Inject what is due (``acked``: the sources' acked messages, ``acked()``),
+        detect deaths, restart dead sources, sample memory."""
         now_s = time.time() - self.t0
-        for action in self.injector.due(now_s):
+        self._acked_max = max(self._acked_max, acked)  # a restarting source counts 0 a while
+        for action in self.injector.due(now_s, self._acked_max):
             if isinstance(action, Kill):
                 self._kill(action)
             else:
@@ -318,6 +335,8 @@ class Supervisor:
         w = change.worker
         entry: dict[str, Any] = {"op": change.op, "worker": w, "at_s": change.at_s,
                                  "applied_s": now_s}
+        if change.after_messages is not None:
+            entry["after_messages"] = change.after_messages
         if isinstance(change, Join):
             self.inactive.discard(w)
             self.agg.worker_added.remote(w)  # a coordinated scheme's controller
@@ -333,11 +352,13 @@ class Supervisor:
                 s.worker_failed.remote(w)
             ray.kill(self.workers[w], no_restart=True)  # fenced: its state is not needed
         self.membership_log.append(entry)
-        self.say(f"[{self.topo.name}] workers: {change.op} worker-{w} at {now_s:.2f} s")
+        self.say(f"[{self.topo.name}] workers: {change.op} worker-{w} at {now_s:.2f} s"
+                 + _after(change.after_messages))
 
     def _kill(self, kill: Kill) -> None:
         name = kill.actor
-        ev = FaultEvent(actor=name, at_s=kill.at_s, pid=self.processes.pids.get(name))
+        ev = FaultEvent(actor=name, at_s=kill.at_s, after_messages=kill.after_messages,
+                        pid=self.processes.pids.get(name))
         self.events.append(ev)
         ev.note = FaultInjector.kill_refused(kill, self.dead_workers, self.inactive,
                                              len(self.workers))
@@ -356,7 +377,7 @@ class Supervisor:
             ev.note = "ray.kill"
         ev.killed_s = time.time() - self.t0
         self.say(f"[{self.topo.name}] fault: killed {name} (pid {ev.pid}) at "
-                 f"{ev.killed_s:.2f} s")
+                 f"{ev.killed_s:.2f} s" + _after(kill.after_messages))
 
     # ------------------------------------------------------------------ detect
     def _ping_workers(self) -> None:
@@ -547,6 +568,21 @@ class Supervisor:
             entry["retained_peak_messages"] = st.retained_peak_messages
             entry["peak_rss_mb"] = st.peak_rss_mb
             entry["joins"] = st.joins
+
+
+def _after(after_messages: int | None) -> str:
+    return "" if after_messages is None else f" ({after_messages:,} messages acked)"
+
+
+def still_to_inject(faults: Sequence[FaultSpec], at_s: float,
+                    failures: Sequence[dict[str, Any]]) -> list[FaultSpec]:
+    """The ``faults`` a restarted attempt injects (``run_with_restarts``): a
+    timed one not due by ``at_s`` (when the attempt ended), a count-triggered
+    one that was not due in it (no entry in its ``failures``; the new attempt
+    counts its own acks from 0)."""
+    fired = {(f["actor"], f.get("after_messages")) for f in failures}
+    return [f for f in faults
+            if (f.at_s > at_s if f.at_s is not None else (f.kill, f.after_messages) not in fired)]
 
 
 def _dead_worker_stats(i: int, committed: int) -> WorkerStats:

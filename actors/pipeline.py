@@ -309,8 +309,8 @@ def run_with_restarts(topo: Topology, out_dir: str | Path, spark: Any, *, resume
             say(f"[{topo.name}] {e}: restarting the "
                 + ("stream from its checkpoint" if live else "run from the start of its input"))
             history.append({"cause": str(e), "at_s": e.at_s, "failures": e.failures})
-            topo = topo.model_copy(update={"faults": [f for f in topo.faults
-                                                      if f.at_s > e.at_s]})
+            topo = topo.model_copy(update={"faults": faults_mod.still_to_inject(
+                topo.faults, e.at_s, e.failures)})
             resume = live
 
 
@@ -627,14 +627,14 @@ class _PipelineRun:
         self.imb: float | None = None
         while True:
             ray.wait(faults.runs, num_returns=len(faults.runs), timeout=POLL_S)
-            faults.poll()  # inject due faults, detect deaths, restart sources
+            done = faults.acked()
+            faults.poll(done)  # inject due faults, detect deaths, restart sources
             now_s = time.time() - t0
             while pending_changes and pending_changes[0][0] <= now_s:
                 _, w, c = pending_changes.pop(0)
                 self.workers[w].set_capacity.remote(c)
             if self.throttling is not None:
                 self.throttling.check()
-            done = faults.acked()
             if now_s >= next_imb:
                 next_imb = now_s + 1.0
                 utils = faults.utilizations()

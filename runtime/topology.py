@@ -164,11 +164,27 @@ class CapacityChange(_Strict):
     capacity: Annotated[float, Field(gt=0)]
 
 
-class MembershipChange(_Strict):
-    """``workers.changes`` entry ``{at_s, add: k}`` (k workers join, ids after the
-    existing ones, at ``capacity``) or ``{at_s, remove: i}`` (worker i leaves)."""
+class _Trigger(_Strict):
+    """When a fault or a membership change happens: ``at_s`` seconds into the
+    run, or once the sources have had ``after_messages`` messages acked (what
+    a test that must not depend on the machine's speed uses). Exactly one."""
 
-    at_s: Seconds
+    at_s: Seconds | None = None
+    after_messages: Annotated[int, Field(strict=True, ge=0, le=10**15)] | None = None
+
+    @model_validator(mode="after")
+    def _one_trigger(self) -> _Trigger:
+        if (self.at_s is None) == (self.after_messages is None):
+            raise ValueError(f"give exactly one of at_s or after_messages "
+                             f"(got at_s={self.at_s}, after_messages={self.after_messages})")
+        return self
+
+
+class MembershipChange(_Trigger):
+    """``workers.changes`` entry ``{at_s, add: k}`` (k workers join, ids after the
+    existing ones, at ``capacity``) or ``{at_s, remove: i}`` (worker i leaves);
+    ``after_messages`` instead of ``at_s`` triggers it by progress."""
+
     add: Annotated[int, Field(strict=True, ge=1, le=MAX_WORKERS)] | None = None
     remove: Annotated[int, Field(strict=True, ge=0, le=MAX_WORKERS)] | None = None
     capacity: Annotated[float, Field(gt=0)] = 1.0
@@ -214,12 +230,13 @@ class WorkersSpec(_Strict):
         """Workers ever in the run: ``count`` plus every added one."""
         return self.count + sum(m.add or 0 for m in self.membership)
 
-    def added(self) -> list[tuple[float, int, float]]:
-        """``(at_s, worker id, capacity)`` of every added worker."""
+    def added(self) -> list[tuple[MembershipChange, int]]:
+        """``(change, worker id)`` of every added worker (its capacity and
+        trigger are the change's)."""
         out, nxt = [], self.count
         for m in self.membership:
             for _ in range(m.add or 0):
-                out.append((m.at_s, nxt, m.capacity))
+                out.append((m, nxt))
                 nxt += 1
         return out
 
@@ -574,8 +591,9 @@ class AppSpec(_Strict):
         return cols
 
 
-class FaultSpec(_Strict):
-    at_s: Seconds
+class FaultSpec(_Trigger):
+    """``{at_s: 10, kill: worker-3}``, or ``{after_messages: 50000, kill: ...}``."""
+
     kill: str
 
     @field_validator("kill")

@@ -169,6 +169,11 @@ TOPOLOGY_CASES = [
     ("fault-unknown-worker", "faults: [{at_s: 1, kill: worker-9}]\n",
      "faults.0.kill: 'worker-9' does not exist (workers: 4)"),
     ("missing-field", "faults: [{at_s: 1}]\n", "faults.0.kill: required field is missing"),
+    ("fault-two-triggers", "faults: [{at_s: 1, after_messages: 500, kill: worker-1}]\n",
+     "faults.0: give exactly one of at_s or after_messages (got at_s=1.0, after_messages=500)"),
+    ("change-no-trigger", "workers: {changes: [{add: 1}]}\n",
+     "workers.changes.0: give exactly one of at_s or after_messages "
+     "(got at_s=None, after_messages=None)"),
     ("non-text-field-name", "1: 2\n", "1: field names must be text (got 1)"),
     ("missing-input-file", "input: {format: parquet, path: nowhere.parquet}\n",
      "input.path: file not found (got 'nowhere.parquet')"),

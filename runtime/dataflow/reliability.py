@@ -654,6 +654,8 @@ class FaultEvent:
 
     actor: str
     at_s: float
+    #: the fault's trigger when it was by progress (``at_s``: when it was due)
+    after_messages: int | None = None
     kind: str = "kill"
     killed_s: float | None = None
     detected_s: float | None = None
@@ -673,18 +675,25 @@ class FaultEvent:
 
 
 class FaultSchedule:
-    """The topology's ``faults`` in time order; ``due(t_s)`` pops the ones due."""
+    """The topology's ``faults`` (or membership changes), each ``(at_s,
+    after_messages, name)`` with exactly one of the two triggers;
+    ``due(t_s, acked)`` pops the ones due: by time, in time order, then by
+    progress, in count order (ties: by name)."""
 
-    def __init__(self, faults: Iterable[tuple[float, str]]) -> None:
-        self._pending = sorted((float(a), str(k)) for a, k in faults)
+    def __init__(self, faults: Iterable[tuple[float | None, int | None, str]]) -> None:
+        faults = list(faults)
+        self._timed = sorted((float(a), str(k)) for a, n, k in faults if a is not None)
+        self._counted = sorted((int(n), str(k)) for a, n, k in faults if a is None
+                               and n is not None)
 
-    def due(self, t_s: float) -> list[tuple[float, str]]:
-        out = list(itertools.takewhile(lambda f: f[0] <= t_s, self._pending))
-        del self._pending[:len(out)]
-        return out
-
-    def __iter__(self) -> Iterator[tuple[float, str]]:
-        return iter(list(self._pending))
+    def due(self, t_s: float, acked: int = 0) -> list[tuple[float, int | None, str]]:
+        """What is due at ``t_s`` seconds with ``acked`` messages acked: each
+        ``(at_s, after_messages, name)``; a count-triggered one's ``at_s`` is
+        ``t_s``, when it was found due."""
+        timed = list(itertools.takewhile(lambda f: f[0] <= t_s, self._timed))
+        counted = list(itertools.takewhile(lambda f: f[0] <= acked, self._counted))
+        del self._timed[:len(timed)], self._counted[:len(counted)]
+        return [(a, None, k) for a, k in timed] + [(t_s, n, k) for n, k in counted]
 
     def __len__(self) -> int:
-        return len(self._pending)
+        return len(self._timed) + len(self._counted)

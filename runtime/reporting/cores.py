@@ -23,7 +23,7 @@ class Capacities:
 
     def __init__(self, topo: Topology) -> None:
         # workers added mid-run (workers.changes add) exist from the start, idle
-        self.initial = topo.workers.capacities() + [c for _, _, c in topo.workers.added()]
+        self.initial = topo.workers.capacities() + [m.capacity for m, _ in topo.workers.added()]
         self.changes = sorted((c.at_s, c.worker, c.capacity) for c in topo.workers.changes)
 
     def at(self, t_s: float) -> list[float]:

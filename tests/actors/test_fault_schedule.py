@@ -14,8 +14,12 @@ def topology(**fields) -> Topology:
     return Topology.model_validate(data)
 
 
+def timed(*kills: tuple[float, str]) -> list:
+    return [((at_s, None), name) for at_s, name in kills]
+
+
 def test_kills_come_in_time_order_each_once() -> None:
-    inj = FaultInjector([(15.0, "source-1"), (10.0, "worker-2"), (10.0, "worker-0")])
+    inj = FaultInjector(timed((15.0, "source-1"), (10.0, "worker-2"), (10.0, "worker-0")))
     assert len(inj) == 3
     assert inj.due(9.99) == []
     assert inj.due(10.0) == [Kill(10.0, "worker-0"), Kill(10.0, "worker-2")]  # ties: by name
@@ -25,12 +29,43 @@ def test_kills_come_in_time_order_each_once() -> None:
 
 
 def test_a_late_poll_gets_every_overdue_action_with_its_own_at_s() -> None:
-    inj = FaultInjector([(1.0, "worker-1"), (2.0, "source-0")], joins=[(1.5, 3)],
-                        leaves=[(0.5, 2)])
+    inj = FaultInjector(timed((1.0, "worker-1"), (2.0, "source-0")), joins=[((1.5, None), 3)],
+                        leaves=[((0.5, None), 2)])
     got = inj.due(60.0)
     assert [a.at_s for a in got] == [1.0, 2.0, 0.5, 1.5]  # the kills, then membership
     assert got == [Kill(1.0, "worker-1"), Kill(2.0, "source-0"), Leave(0.5, 2), Join(1.5, 3)]
     assert inj.due(61.0) == []
+
+
+def test_a_count_trigger_fires_once_the_sources_have_that_many_acked() -> None:
+    """``after_messages``: by progress, not by the clock - a slow machine
+    delays it in time but not in the stream. Its ``at_s`` is when it was due."""
+    inj = FaultInjector([((None, 50_000), "worker-1"), ((2.0, None), "source-0"),
+                         ((None, 20_000), "aggregator")], leaves=[((None, 50_000), 0)])
+    assert inj.due(100.0, acked=19_999) == [Kill(2.0, "source-0")]
+    assert inj.due(101.0, acked=49_999) == [Kill(101.0, "aggregator", 20_000)]
+    assert inj.due(102.5, acked=80_000) == [Kill(102.5, "worker-1", 50_000),
+                                            Leave(102.5, 0, 50_000)]
+    assert inj.due(1e9, acked=10**9) == [] and len(inj) == 0
+
+
+def test_count_triggers_from_the_topology_and_a_restart_keeps_the_unfired() -> None:
+    from actors.faults import still_to_inject
+
+    topo = topology(faults=[{"after_messages": 300, "kill": "worker-2"},
+                            {"after_messages": 900, "kill": "aggregator"},
+                            {"at_s": 1, "kill": "source-1"}, {"at_s": 5, "kill": "worker-0"}],
+                    workers={"count": 3, "changes": [{"after_messages": 600, "add": 1}]})
+    inj = FaultInjector.of(topo)
+    assert not_yet_added(topo) == [3]
+    assert inj.due(0.5, acked=300) == [Kill(0.5, "worker-2", 300)]
+    assert inj.due(0.9, acked=700) == [Join(0.9, 3, 600)]
+    # the aggregator died at 2 s after worker-2 and source-1 did: the new attempt
+    # injects what was not due yet (it counts its own acks from 0)
+    failures = [{"actor": "worker-2", "after_messages": 300, "at_s": 0.5},
+                {"actor": "source-1", "after_messages": None, "at_s": 1.0}]
+    assert [f.kill for f in still_to_inject(topo.faults, 2.0, failures)] == [
+        "aggregator", "worker-0"]
 
 
 def test_kill_names_its_actor() -> None:
