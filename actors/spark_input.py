@@ -53,6 +53,7 @@ import psutil
 import pyarrow as pa
 import ray
 
+from actors import jvm_archive
 from runtime.hashing import hash_arrow
 from runtime.inputs.input_check import SHARD_BLOCK_ROWS, shard_block_rows
 from runtime.reporting.metrics import DistinctKeys
@@ -356,13 +357,17 @@ def _session_configs(extra_configs: dict[str, str] | None, *,
     the executors' too when they run on this machine (``executors_local``):
     their ``java.io.tmpdir``, which is also Spark's local directory when
     ``spark.local.dir`` is unset (setting that one makes Spark warn that a
-    cluster manager may override it)."""
+    cluster manager may override it). The driver's and (``executors_local``)
+    the executors' class archives too (``actors.jvm_archive``), when built."""
     tmp = scratch_dir()
     here = f"-Djava.io.tmpdir={tmp}"
+    driver_cds = jvm_archive.java_options("driver")
     configs = {
-        "spark.executor.extraJavaOptions": f"{JAVA17_OPTIONS} {here}" if executors_local
-        else JAVA17_OPTIONS,
-        "spark.driver.extraJavaOptions": f"{JAVA17_OPTIONS} {PLANNER_JVM_OPTIONS} {here}",
+        "spark.executor.extraJavaOptions":
+            f"{JAVA17_OPTIONS} {here} {jvm_archive.java_options('executor')}".rstrip()
+            if executors_local else JAVA17_OPTIONS,
+        "spark.driver.extraJavaOptions":
+            f"{JAVA17_OPTIONS} {PLANNER_JVM_OPTIONS} {here} {driver_cds}".rstrip(),
         "spark.ray.raydp_app_master.extraJavaOptions":
             f"{JAVA17_OPTIONS} {PLANNER_JVM_OPTIONS} {here}",
         "spark.ui.showConsoleProgress": "false",

@@ -19,6 +19,7 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
+from actors import jvm_archive
 from actors.spark_input import JNI_COPY_ROOT, SCRATCH_PREFIX
 from runtime.grouping import SCHEMES
 from runtime.operators import table_diff
@@ -339,7 +340,7 @@ def test_what_an_operator_prints_lands_in_operators_log(ray_spark, tmp_path) -> 
 
 #: what Spark's JVM, log4j and Ray print on their own (issue 26): never on our console
 NOT_OURS = ("WARN", "ERROR", "gcs_client", "log4j", "NativeCodeLoader", "Progress bars",
-            "setLogLevel", "Dataset ")
+            "setLogLevel", "Dataset ", "OpenJDK", "[cds")
 
 
 def _spark_temp_files() -> set[str]:
@@ -361,8 +362,12 @@ def test_run_process_is_quiet_and_reports_its_phases(tmp_path) -> None:
     env.pop("RAY_ADDRESS", None)
     t0 = time.time()
     tmp_before = _spark_temp_files()
+    # which classes Spark's JVMs took from their class archives (actors.jvm_archive)
+    loads = {role: tmp_path / f"{role}-classes.log" for role in jvm_archive.ROLES}
+    archives = [a for role in jvm_archive.ROLES for a in (
+        "--spark-conf", f"spark.{role}.extraJavaOptions=-Xlog:class+load=info:file={loads[role]}")]
     p = subprocess.run([sys.executable, "-m", "runtime.run", str(topo), "--out", str(out),
-                        "--no-progress"], cwd=ROOT, capture_output=True, text=True,
+                        "--no-progress", *archives], cwd=ROOT, capture_output=True, text=True,
                        timeout=600, env=env)
     assert p.returncode == 0, (p.stdout[-2000:], p.stderr[-3000:])
     # Spark's JVMs wrote their temporary files (native libraries, spark-*, blockmgr-*)
@@ -376,6 +381,11 @@ def test_run_process_is_quiet_and_reports_its_phases(tmp_path) -> None:
     assert not noise, "\n".join(noise)
     assert p.stderr.splitlines()[0].startswith("ray: ") and str(out / "engine.log") in p.stderr
     assert (out / "engine.log").exists()
+    if jvm_archive.java_options("driver"):  # built (make setup): both JVMs use them
+        for role, log in loads.items():  # (measured: 72-73%; an archive of the wrong
+            text = log.read_text()  # JVM is mapped too, but supplies only 45%)
+            archived = text.count("source: shared objects file (top)")
+            assert archived > 0.6 * text.count("\n"), (role, archived, text.count("\n"))
     assert sorted(f.name for f in out.iterdir()) == [
         "engine.log", "report.json", "report.png", "result.parquet", "timeseries.csv"]
     report = json.loads((out / "report.json").read_text())

@@ -107,6 +107,43 @@ def test_java_options_given_keep_ours_and_come_last(monkeypatch, tmp_path) -> No
     assert conf["spark.other.extraJavaOptions"] == f"{spark_input.JAVA17_OPTIONS} {mine}"
 
 
+def test_the_jvms_map_their_class_archive_only_when_one_was_built(monkeypatch,
+                                                                  tmp_path) -> None:
+    """actors.jvm_archive: the driver's and a local executor's JVM get
+    ``-XX:SharedArchiveFile`` of their own archive when ``python -m
+    actors.jvm_archive`` built it, nothing otherwise (or with
+    ``HS_JVM_ARCHIVES=off``); an executor on another machine never (the file
+    is not there); a user's Java options still come last."""
+    from actors import jvm_archive, spark_input
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    monkeypatch.setattr(spark_input, "_scratch", None)
+    archives = tmp_path / "jvm"
+    monkeypatch.setenv("HS_JVM_ARCHIVES", str(archives))
+    assert jvm_archive.archive_dir() == archives
+    assert jvm_archive.java_options("driver") == ""  # none built
+    archives.mkdir()
+    (archives / "driver.jsa").write_bytes(b"x")
+    (archives / "executor.jsa").write_bytes(b"x")
+    mine = "-Xmx2g"
+    conf = spark_input._session_configs({"spark.driver.extraJavaOptions": mine},
+                                        executors_local=True)
+    driver, executor = (conf[f"spark.{r}.extraJavaOptions"] for r in ("driver", "executor"))
+    assert f"-XX:SharedArchiveFile={archives / 'driver.jsa'}" in driver
+    assert "-XX:+AllowArchivingWithJavaAgent" in driver and driver.endswith(" " + mine)
+    assert f"-XX:SharedArchiveFile={archives / 'executor.jsa'}" in executor
+    assert "SharedArchiveFile" not in conf["spark.ray.raydp_app_master.extraJavaOptions"]
+    remote = spark_input._session_configs(None, executors_local=False)
+    assert "SharedArchiveFile" not in remote["spark.executor.extraJavaOptions"]
+    monkeypatch.setenv("HS_JVM_ARCHIVES", "off")
+    assert "SharedArchiveFile" not in spark_input._session_configs(
+        None, executors_local=True)["spark.driver.extraJavaOptions"]
+    # while building: each JVM writes its archive at exit, none is read
+    monkeypatch.setattr(jvm_archive, "_dump_dir", tmp_path / "dump")
+    assert jvm_archive.java_options("executor").endswith(
+        f"-XX:ArchiveClassesAtExit={tmp_path / 'dump' / 'executor.jsa'}")
+
+
 def test_the_executor_takes_the_quick_jit_tier_only_for_an_input_known_small(tmp_path) -> None:
     import pyarrow as pa
     import pyarrow.parquet as pq

@@ -280,3 +280,4 @@ def _make_actor_in_task() -> int:
     keys, _ = ray.get(r.read.remote(ray.data.from_items([{"key": "a"}]), 10))
     ray.kill(r)
     return len(keys)
+
