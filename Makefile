@@ -6,7 +6,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 #: Spark's JVMs' class archives (actors/jvm_archive.py): ~60 s once, then each
-#: cold run's first message comes 2-7 s sooner
+#: cold run's first message comes 1.6-3.6 s sooner (docs/benchmarks.md)
 ARCHIVES := $(VENV)/.jvm-archives
 
 .PHONY: setup demo test test-fast test-e2e lint bench clean
