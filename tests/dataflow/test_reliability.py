@@ -156,10 +156,13 @@ def test_resume_plan_skips_claimed_and_retains_uncommitted() -> None:
 
 
 def test_fault_schedule_pops_due_faults_in_order() -> None:
-    fs = FaultSchedule([(15.0, "source-1"), (10.0, "worker-3")])
-    assert fs.due(9.9) == [] and len(fs) == 2
-    assert fs.due(12.0) == [(10.0, "worker-3")]
-    assert fs.due(99.0) == [(15.0, "source-1")] and len(fs) == 0
+    fs = FaultSchedule([(15.0, None, "source-1"), (10.0, None, "worker-3"),
+                        (None, 5_000, "worker-1")])
+    assert fs.due(9.9, acked=4_999) == [] and len(fs) == 3
+    assert fs.due(12.0) == [(10.0, None, "worker-3")]
+    # by progress: due once that many are acked, at the time it was found due
+    assert fs.due(13.0, acked=5_000) == [(13.0, 5_000, "worker-1")]
+    assert fs.due(99.0, acked=10**9) == [(15.0, None, "source-1")] and len(fs) == 0
 
 
 # --------------------------------------------------------------------------- whole runs
