@@ -163,6 +163,14 @@ class CapacityChange(_Strict):
     worker: Annotated[int, Field(strict=True, ge=0)]
     capacity: Annotated[float, Field(gt=0)]
 
+    @model_validator(mode="before")
+    @classmethod
+    def _by_time(cls, data: Any) -> Any:
+        if isinstance(data, dict) and "after_messages" in data:
+            raise ValueError("a capacity change comes at a time (at_s), not after a count "
+                             "of messages (after_messages is for faults, add and remove)")
+        return data
+
 
 class _Trigger(_Strict):
     """When a fault or a membership change happens: ``at_s`` seconds into the

@@ -171,6 +171,11 @@ TOPOLOGY_CASES = [
     ("missing-field", "faults: [{at_s: 1}]\n", "faults.0.kill: required field is missing"),
     ("fault-two-triggers", "faults: [{at_s: 1, after_messages: 500, kill: worker-1}]\n",
      "faults.0: give exactly one of at_s or after_messages (got at_s=1.0, after_messages=500)"),
+    ("capacity-change-by-count",
+     "workers: {changes: [{after_messages: 100, worker: 0, capacity: 0.5}]}\n",
+     "workers.changes.0: a capacity change comes at a time (at_s), not after a count of "
+     "messages (after_messages is for faults, add and remove) "
+     "(got {'after_messages': 100, 'worker': 0, 'capacity': 0.5})"),
     ("change-no-trigger", "workers: {changes: [{add: 1}]}\n",
      "workers.changes.0: give exactly one of at_s or after_messages "
      "(got at_s=None, after_messages=None)"),
