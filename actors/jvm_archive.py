@@ -130,8 +130,10 @@ def build(log: Any = print) -> dict[str, int]:
             topos = _training_topologies(tmp)
             # one task failure ends the exit job (no retry on a new executor)
             sizing = SparkSizing(conf=(("spark.task.maxFailures", "1"),))
+            log_file = target / "build.log"  # kept: the first line names it
+            log_file.unlink(missing_ok=True)
             with RayEngine("jvm-archive", spark=sizing, reuse_actors=False,
-                           log_file=tmp / "engine.log") as engine:
+                           log_file=log_file) as engine:
                 for topo in topos:
                     engine.run(topo, tmp / topo.name, plot=False, log=lambda m: None)
                 executors = _executor_pids(tmp)
