@@ -5,8 +5,8 @@ the word count still equals Spark's groupBy exactly; a worker stopped
 Ray, RayDP/Spark and the throttler are real; the kills are real process deaths.
 Faults and membership changes are triggered by progress (``after_messages``:
 the sources' acked messages), never by the clock, so a loaded machine moves
-them in time but not in the stream; each run is paced (``run.rate``) so that
-recovery happens while the stream still flows.
+them in time but not in the stream; each run is paced (``run.rate``, 4 s of
+stream) so that recovery happens while the stream still flows.
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ def _topology(scheme: str, **over):
         "workers": {"count": 4, "service_us": 20},
         "grouping": {"scheme": scheme},
         "app": {"kind": "wordcount", "aggregate_every_s": 0.5},
-        "run": {"batch": 1000, "seed": 1, "rate": 20_000},
+        "run": {"batch": 1000, "seed": 1, "rate": 40_000},
     }
     for k, v in over.items():
         data[k] = {**data.get(k, {}), **v} if isinstance(v, dict) else v
@@ -71,10 +71,10 @@ def _run_exact(spark, topo, out: Path, runner=None, **kw) -> dict:
 
 @pytest.mark.parametrize("scheme", ["kg", "cg", "fish", "acg"])
 def test_worker_and_source_kill_is_exact(ray_spark, tmp_path, scheme) -> None:
-    # worker-3 dies after 60,000 acked messages (at the offered rate, 1 s after
-    # the 2 s flush): what it processed since its last flush is uncommitted and
+    # worker-3 dies after 60,000 acked messages (at the offered rate, 0.5 s after
+    # the 1 s flush): what it processed since its last flush is uncommitted and
     # must be replayed (all of it, if a loaded machine held the flush back)
-    topo = _topology(scheme, app={"aggregate_every_s": 2.0},
+    topo = _topology(scheme, app={"aggregate_every_s": 1.0},
                      faults=[{"after_messages": 60_000, "kill": "worker-3"},
                              {"after_messages": 100_000, "kill": "source-1"}])
     report = _run_exact(ray_spark, topo, tmp_path)
