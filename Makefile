@@ -5,7 +5,7 @@ PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
-#: Spark's JVMs' class archives (actors/jvm_archive.py): ~60 s once, then each
+#: Spark's JVMs' class archives (actors/jvm_archive.py): 60-80 s once, then each
 #: cold run's first message comes 1.6-3.6 s sooner (docs/benchmarks.md)
 ARCHIVES := $(VENV)/.jvm-archives
 
