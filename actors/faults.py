@@ -116,31 +116,29 @@ class Leave:
     after_messages: int | None = None
 
 
-#: when: ``(at_s, None)`` by time or ``(None, after_messages)`` by progress
-When = tuple[float | None, int | None]
-
-
 class FaultInjector:
     """The run's scheduled disruptions: ``due(now_s, acked)`` returns each one
     once, when its ``at_s`` has come or the sources have had its
     ``after_messages`` acked - the kills first, then the membership changes,
     each in trigger order (ties: by name). Whether one may still go ahead
-    depends on who is alive then: ``kill_refused`` / ``leave_refused``."""
+    depends on who is alive then: ``kill_refused`` / ``leave_refused``.
+    Each entry is ``(at_s, after_messages, actor or worker)``, one of the two
+    triggers ``None``."""
 
-    def __init__(self, kills: Iterable[tuple[When, str]] = (),
-                 joins: Iterable[tuple[When, int]] = (),
-                 leaves: Iterable[tuple[When, int]] = ()) -> None:
-        self._kills = FaultSchedule((a, n, name) for (a, n), name in kills)
+    def __init__(self, kills: Iterable[tuple[float | None, int | None, str]] = (),
+                 joins: Iterable[tuple[float | None, int | None, int]] = (),
+                 leaves: Iterable[tuple[float | None, int | None, int]] = ()) -> None:
+        self._kills = FaultSchedule(kills)
         self._membership = FaultSchedule(
-            [(a, n, f"add:{w}") for (a, n), w in joins]
-            + [(a, n, f"remove:{w}") for (a, n), w in leaves])
+            [(a, n, f"add:{w}") for a, n, w in joins]
+            + [(a, n, f"remove:{w}") for a, n, w in leaves])
 
     @classmethod
     def of(cls, topo: Topology) -> FaultInjector:
         """The schedule of ``topo``'s ``faults`` and ``workers.changes``."""
-        return cls((((f.at_s, f.after_messages), f.kill) for f in topo.faults),
-                   [((m.at_s, m.after_messages), w) for m, w in topo.workers.added()],
-                   [((m.at_s, m.after_messages), m.remove) for m in topo.workers.membership
+        return cls([(f.at_s, f.after_messages, f.kill) for f in topo.faults],
+                   [(m.at_s, m.after_messages, w) for m, w in topo.workers.added()],
+                   [(m.at_s, m.after_messages, m.remove) for m in topo.workers.membership
                     if m.remove is not None])
 
     def due(self, now_s: float, acked: int = 0) -> list[Kill | Join | Leave]:

@@ -361,13 +361,13 @@ def _session_configs(extra_configs: dict[str, str] | None, *,
     the executors' class archives too (``actors.jvm_archive``), when built."""
     tmp = scratch_dir()
     here = f"-Djava.io.tmpdir={tmp}"
-    driver_cds = jvm_archive.java_options("driver")
     configs = {
         "spark.executor.extraJavaOptions":
             f"{JAVA17_OPTIONS} {here} {jvm_archive.java_options('executor')}".rstrip()
             if executors_local else JAVA17_OPTIONS,
         "spark.driver.extraJavaOptions":
-            f"{JAVA17_OPTIONS} {PLANNER_JVM_OPTIONS} {here} {driver_cds}".rstrip(),
+            f"{JAVA17_OPTIONS} {PLANNER_JVM_OPTIONS} {here} "
+            f"{jvm_archive.java_options('driver')}".rstrip(),
         "spark.ray.raydp_app_master.extraJavaOptions":
             f"{JAVA17_OPTIONS} {PLANNER_JVM_OPTIONS} {here}",
         "spark.ui.showConsoleProgress": "false",

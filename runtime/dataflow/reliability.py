@@ -683,8 +683,7 @@ class FaultSchedule:
     def __init__(self, faults: Iterable[tuple[float | None, int | None, str]]) -> None:
         faults = list(faults)
         self._timed = sorted((float(a), str(k)) for a, n, k in faults if a is not None)
-        self._counted = sorted((int(n), str(k)) for a, n, k in faults if a is None
-                               and n is not None)
+        self._counted = sorted((int(n), str(k)) for a, n, k in faults if n is not None)
 
     def due(self, t_s: float, acked: int = 0) -> list[tuple[float, int | None, str]]:
         """What is due at ``t_s`` seconds with ``acked`` messages acked: each

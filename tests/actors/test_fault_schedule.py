@@ -15,7 +15,7 @@ def topology(**fields) -> Topology:
 
 
 def timed(*kills: tuple[float, str]) -> list:
-    return [((at_s, None), name) for at_s, name in kills]
+    return [(at_s, None, name) for at_s, name in kills]
 
 
 def test_kills_come_in_time_order_each_once() -> None:
@@ -29,8 +29,8 @@ def test_kills_come_in_time_order_each_once() -> None:
 
 
 def test_a_late_poll_gets_every_overdue_action_with_its_own_at_s() -> None:
-    inj = FaultInjector(timed((1.0, "worker-1"), (2.0, "source-0")), joins=[((1.5, None), 3)],
-                        leaves=[((0.5, None), 2)])
+    inj = FaultInjector(timed((1.0, "worker-1"), (2.0, "source-0")), joins=[(1.5, None, 3)],
+                        leaves=[(0.5, None, 2)])
     got = inj.due(60.0)
     assert [a.at_s for a in got] == [1.0, 2.0, 0.5, 1.5]  # the kills, then membership
     assert got == [Kill(1.0, "worker-1"), Kill(2.0, "source-0"), Leave(0.5, 2), Join(1.5, 3)]
@@ -40,8 +40,8 @@ def test_a_late_poll_gets_every_overdue_action_with_its_own_at_s() -> None:
 def test_a_count_trigger_fires_once_the_sources_have_that_many_acked() -> None:
     """``after_messages``: by progress, not by the clock - a slow machine
     delays it in time but not in the stream. Its ``at_s`` is when it was due."""
-    inj = FaultInjector([((None, 50_000), "worker-1"), ((2.0, None), "source-0"),
-                         ((None, 20_000), "aggregator")], leaves=[((None, 50_000), 0)])
+    inj = FaultInjector([(None, 50_000, "worker-1"), (2.0, None, "source-0"),
+                         (None, 20_000, "aggregator")], leaves=[(None, 50_000, 0)])
     assert inj.due(100.0, acked=19_999) == [Kill(2.0, "source-0")]
     assert inj.due(101.0, acked=49_999) == [Kill(101.0, "aggregator", 20_000)]
     assert inj.due(102.5, acked=80_000) == [Kill(102.5, "worker-1", 50_000),
