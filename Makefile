@@ -31,13 +31,13 @@ demo: setup
 # in one: they share one Ray + Spark session and want both cores each
 test: setup
 	$(BIN)/python -m pytest -q -m "not e2e" -n 2
-	$(BIN)/python -m pytest -q -m e2e
+	$(BIN)/python -m pytest -q -m e2e --durations=20
 
 test-fast: $(STAMP)
 	$(BIN)/python -m pytest -q -m "not e2e" -n 2
 
 test-e2e: setup
-	$(BIN)/python -m pytest -q -m e2e
+	$(BIN)/python -m pytest -q -m e2e --durations=20
 
 lint: $(STAMP)
 	$(BIN)/ruff check runtime actors scripts tests
