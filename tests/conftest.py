@@ -33,7 +33,7 @@ def ray_spark():
     """``(SparkSession)`` on a fresh local Ray cluster; both stopped at the end."""
     import ray
 
-    from actors.engine import ray_system_config
+    from actors.engine import ray_system_config, shutdown_ray
     from actors.spark_input import start_spark, stop_spark
 
     if ray.is_initialized():  # a previous fixture/test left one: start clean
@@ -51,7 +51,7 @@ def ray_spark():
         yield spark
     finally:
         stop_spark()
-        ray.shutdown()
+        shutdown_ray()
 
 
 #: modules that start a multi-node Ray cluster of their own and kill a node of
