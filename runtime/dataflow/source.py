@@ -242,13 +242,13 @@ class LoadReports:
         return self.meter.since + (FIRST_PLAN_S if self.early() else self.report_every_s)
 
     def send_due(self, vws: np.ndarray | None = None, final: bool = False,
-                 queued: np.ndarray | None = None) -> None:
-        """Count ``vws`` (the VW of each message just routed); send the report
-        if it is due, or ``final``, or with ``queued`` (the source has routed
-        its whole input: what its outboxes hold per VW; ``RoutedReport``)."""
+                 queued: np.ndarray | None = None, spill: np.ndarray | None = None) -> None:
+        """Count ``vws`` (the VW of each message just routed) and ``spill``
+        (``RoutedReport``); send the report if it is due, or ``final``, or
+        with ``queued`` (the source has routed its whole input: what its
+        outboxes hold per VW; ``RoutedReport``)."""
         routed_all = queued is not None
-        if vws is not None:
-            self.meter.routed(vws)
+        self.meter.routed(vws, spill)
         now = self.clock()
         if final or routed_all or now >= self.deadline():
             self.sent += 1
@@ -477,7 +477,7 @@ class SourceCore:
         if self.load_reports is None:
             return
         queued = self.outboxes.queued_vws(self.grouping.n_virtual) if routed_all else None
-        self.load_reports.send_due(vws, final, queued)
+        self.load_reports.send_due(vws, final, queued, self.grouping.take_spill())
         if final or routed_all:
             self._take_table(self.load_reports.answer(timeout=None))
 

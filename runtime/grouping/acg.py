@@ -65,12 +65,18 @@ import numpy as np
 
 from runtime.grouping.base import Clock, register
 from runtime.grouping.coordination import FIRST_PLAN_S, RateReport, RoutedReport, VwTable
+from runtime.grouping.fastmod import magic_of, mod_n
 from runtime.grouping.porc import (
+    MEMO_SIZE,
+    PROBES_PER_BIN,
+    ProbeMemo,
     VirtualWorkerGrouping,
     modulo_owner,
     validate_eps,
     validate_virtual_per_worker,
 )
+from runtime.hashing import choice_scalar
+from runtime.kernels.jit import kernel
 
 MAX_VIRTUAL_PER_WORKER = 1000
 #: arrivals are put on a timeline of buckets this long (seconds)
@@ -97,6 +103,121 @@ DRAIN_S = 1.0
 IDLE_BUSY = 0.95
 #: report times kept per worker (backlog estimates interpolate in them)
 REPORT_LOG = 256
+#: a source routes to a worker at most ``1 + ADMIT`` times the worker's share of
+#: the cluster's rate, over its last ``ADMIT_WINDOW`` messages (``porc_admit_route``)
+ADMIT = 0.2
+ADMIT_WINDOW = 4000
+
+
+# ============================================================================ admission
+
+#: a worker's recent count may exceed its bound by this many messages (so a
+#: short window's counting noise on a slow worker does not spill light keys)
+ADMIT_SLACK_MSGS = 4.0
+#: at most this many probes past a key's first PoRC choice look for a VW whose
+#: worker is within its bound; then the first PoRC choice is taken
+ADMIT_PROBES = 32
+#: the decayed counts are rescaled when their growing unit passes this
+_RESCALE = 1e100
+
+
+@kernel()
+def porc_admit_route(
+    key_hashes: np.ndarray,
+    loads: np.ndarray,
+    m: int,
+    eps: float,
+    memo: np.ndarray,
+    vw_owner: np.ndarray,
+    bound: np.ndarray,
+    vw_recent: np.ndarray,
+    w_recent: np.ndarray,
+    state: np.ndarray,
+    spill: np.ndarray,
+    out: np.ndarray,
+) -> int:  # pragma: no cover - compiled
+    """PoRC over the VWs (``porc_core``'s choices, bounds and memo) with a
+    per-worker admission test on top; ``out[j]`` = message ``j``'s VW.
+
+    ``vw_recent[v]`` / ``w_recent[w]``: messages routed to VW ``v`` / worker
+    ``w`` over a window decaying by ``state[2]`` per message (``1 - 1 /
+    window``), kept in a unit ``state[0]`` that grows by ``1 / state[2]`` per
+    message (so no count is touched by the decay); ``state[1]``: all the
+    messages, in that unit; ``state[3]``: messages that admission sent past
+    their first PoRC choice, and ``spill`` per VW (``RoutedReport.spill``)
+    those whose first choice it was minus those it took in their stead. A VW that PoRC accepts is taken only if its owner
+    ``w`` stays within ``bound[w]`` (its share of the cluster's rate times ``1
+    + delta``) of the recent messages, plus ``ADMIT_SLACK_MSGS``; otherwise the
+    key tries its next PoRC choices, for at most ``ADMIT_PROBES`` more, and
+    falls back to its first PoRC choice. The memo keeps ``porc_core``'s
+    meaning (probes before ``p`` hit full VWs): it records the first PoRC
+    choice, never a VW skipped by admission (whose bound may relax).
+    Returns the new ``m``; the same result for one batch or any split."""
+    n_bins = loads.shape[0]
+    nb = np.uint64(n_bins)
+    magic = magic_of(nb)
+    mask = np.uint64(memo.shape[0] - 1)
+    limit = PROBES_PER_BIN * n_bins + 64
+    g = state[0]
+    total = state[1]
+    grow = 1.0 / state[2]
+    for j in range(key_hashes.shape[0]):
+        h = key_hashes[j]
+        m += 1
+        g *= grow
+        if g > _RESCALE:
+            for v in range(n_bins):
+                vw_recent[v] /= g
+            for w in range(w_recent.shape[0]):
+                w_recent[w] /= g
+            total /= g
+            g = 1.0
+        cap = math.ceil((1.0 + eps) * m / n_bins)
+        e = np.int64(h & mask)
+        hit = (memo[e, 0] == h) & (memo[e, 1] == np.uint64(cap))
+        first = int(np.int64(memo[e, 2])) if hit else 1
+        b0 = np.int64(-1)  # the first VW PoRC accepts
+        p0 = 0
+        b = np.int64(-1)  # the one taken
+        room = total + g
+        i = first
+        while i <= limit:
+            c = np.int64(mod_n(choice_scalar(h, i), nb, magic))
+            if loads[c] < cap:
+                if b0 < 0:
+                    b0 = c
+                    p0 = i
+                w = vw_owner[c]
+                if w_recent[w] + g <= bound[w] * room + ADMIT_SLACK_MSGS * g:
+                    b = c
+                    break
+                if i - p0 >= ADMIT_PROBES:
+                    break
+            i += 1
+        if b0 < 0:  # rare: fall back to the least-loaded bin, which has room
+            b0 = np.int64(0)
+            for c2 in range(1, n_bins):
+                if loads[c2] < loads[b0]:
+                    b0 = np.int64(c2)
+            p0 = i
+        if b < 0:
+            b = b0
+        elif b != b0:
+            state[3] += 1.0
+            spill[b0] += 1
+            spill[b] -= 1
+        load = loads[b] + 1
+        loads[b] = load
+        memo[e, 0] = h
+        memo[e, 1] = np.uint64(cap)
+        memo[e, 2] = np.uint64(p0 + 1 if (b == b0 and load >= cap) else p0)
+        vw_recent[b] += g
+        w_recent[vw_owner[b]] += g
+        total += g
+        out[j] = b
+    state[0] = g
+    state[1] = total
+    return m
 
 
 # ============================================================================ the table
@@ -439,6 +560,7 @@ class AcgController:
         self.alive = set(range(self.n_workers)) if alive is None else {int(w) for w in alive}
         self.owner = initial_table(self.n_workers, self.n_virtual, self.alive)
         self.version = 0
+        self._share: np.ndarray | None = None  # the rate shares the table was made with
         self.rates = [_Rate() for _ in range(self.n_workers)]
         self.vw_rate: np.ndarray | None = None  # msgs/s per VW (EWMA)
         self._load_seen_s = 0.0
@@ -491,13 +613,17 @@ class AcgController:
         st.prev_report = float(now)
 
     def report_routed(self, source: int, since: float, now: float, vw_ids: np.ndarray,
-                      vw_counts: np.ndarray) -> None:
-        """What ``source`` routed per VW over ``[since, now)``."""
+                      vw_counts: np.ndarray, spill: np.ndarray | None = None) -> None:
+        """What ``source`` routed per VW over ``[since, now)``; ``spill``: per
+        VW, what its admission routed elsewhere (``RoutedReport.spill``)."""
         if not self.started:
             return
         ids = np.asarray(vw_ids, dtype=np.int64)
         ok = (ids >= 0) & (ids < self.n_virtual)
         self._arrivals.add(ids[ok], np.asarray(vw_counts)[ok], float(since), float(now))
+        if spill is not None and len(spill) == self.n_virtual:
+            nz = np.flatnonzero(spill)
+            self._spills.add(nz, np.asarray(spill)[nz], float(since), float(now))
         last = self._routed_to.get(int(source))
         if last is not None and float(now) > last:
             self._report_gap[int(source)] = float(now) - last
@@ -513,7 +639,8 @@ class AcgController:
         planning once every source's has come, with an end plan
         (``_end_plan``); its last one (``final``, after its drain) says its
         stream ended (``source_ended``)."""
-        self.report_routed(source, report.since, report.now, report.vw_ids, report.vw_counts)
+        self.report_routed(source, report.since, report.now, report.vw_ids, report.vw_counts,
+                           report.spill)
         if report.queued is not None:
             self._queued[int(source)] = np.asarray(report.queued, dtype=np.float64)
             if self.sources is None or len(set(self._queued) | self._ended) >= self.sources:
@@ -548,6 +675,7 @@ class AcgController:
         self._last_tick = float(t0)
         self._next_plan = float(t0) + min(FIRST_PLAN_S, self.epoch_s)
         self._arrivals = _ArrivalBuckets(self.n_virtual, float(t0), BUCKET_S)
+        self._spills = _ArrivalBuckets(self.n_virtual, float(t0), BUCKET_S)
         self._routed_to, self._report_gap = {}, {}
         self._arr_t, self._arr_cum = [float(t0)], [np.zeros(self.n_workers)]
         self._owner_log = [(float(t0), self.owner.copy())]
@@ -581,7 +709,19 @@ class AcgController:
     # -- planning ---------------------------------------------------------------
 
     def table(self) -> VwTable:
-        return VwTable(self.version, self.owner.copy())
+        return VwTable(self.version, self.owner.copy(),
+                       None if self._share is None else self._share.copy())
+
+    def _rate_share(self) -> np.ndarray | None:
+        """Each live worker's share of the measured total rate (0 for the
+        departed); None before any rate is measured."""
+        rate = self._rate_vector()
+        if rate is None:
+            return None
+        out = np.zeros(self.n_workers)
+        alive = sorted(self.alive)
+        out[alive] = rate[alive] / float(np.sum(rate[alive]))
+        return out
 
     def _update_rates(self, now: float) -> None:
         for w in sorted(self.alive):
@@ -638,7 +778,11 @@ class AcgController:
         horizon = min(reporting or self._routed_to.values())
         d = self._arrivals.bucket_s
         first, buckets = self._arrivals.take_complete(horizon)
-        self._add_arrivals(first, buckets, d)
+        self._add_arrivals(first, buckets, d)  # the backlogs: where messages went
+        # the loads: what the keys asked for (the sources' admission may have
+        # sent some of a VW's messages elsewhere; the plan places the VW whole)
+        _, spills = self._spills.take_complete(horizon)
+        buckets = [a + s for a, s in zip(buckets, spills, strict=True)]
         jumped = self._load_jumps(buckets, d)
         for counts in buckets:
             sample = counts / d
@@ -877,6 +1021,7 @@ class AcgController:
             return None
         self.owner = owner.astype(np.int32)
         self.version += 1
+        self._share = self._rate_share()
         if self.started:
             self._owner_log.append((float(now if now is not None else self._last_tick),
                                     self.owner.copy()))
@@ -964,10 +1109,17 @@ class AdaptiveConsistentGrouping(VirtualWorkerGrouping):
         jump: float = 0.25,
         min_gain: float = 0.02,
         drain_s: float = DRAIN_S,
+        admit: float = ADMIT,
+        admit_window: int = ADMIT_WINDOW,
     ) -> None:
         super().__init__(n_workers, seed, clock)
         self.eps = validate_eps(eps)
         r = validate_virtual_per_worker(virtual_per_worker, MAX_VIRTUAL_PER_WORKER)
+        self.admit = validate_eps(admit, "admit")
+        if not (isinstance(admit_window, (int, np.integer)) and not isinstance(admit_window, bool)
+                and 1 <= admit_window <= 10**9):
+            raise ValueError(f"admit_window must be an int in [1, 1e9] (got {admit_window!r})")
+        self.admit_window = int(admit_window)
         self.controller_params = {
             "epoch_s": _validate_positive("epoch_s", epoch_s, 3600.0),
             "tau_s": _validate_positive("tau_s", tau_s, 3600.0),
@@ -979,6 +1131,15 @@ class AdaptiveConsistentGrouping(VirtualWorkerGrouping):
         self._init_virtual_workers(self.eps, r)
         self.version = 0
         self.adopted: list[tuple[float, int]] = []  # (clock, version) of every table taken
+        # admission (``porc_admit_route``): per worker, the most it may take of
+        # the recent messages (inf: no bound, until a table brings the shares)
+        self._bound = np.full(self.n_workers, np.inf)
+        self._vw_recent = np.zeros(self.n_virtual)
+        self._w_recent = np.zeros(self.n_workers)
+        # [unit, total, decay per message, spilled] (``porc_admit_route``)
+        self._recent_state = np.array([1.0, 0.0, 1.0 - 1.0 / self.admit_window, 0.0])
+        self._memo = ProbeMemo(MEMO_SIZE)
+        self._spill = np.zeros(self.n_virtual, dtype=np.int64)
 
     @classmethod
     def coordinator(cls, n_workers: int, params: dict[str, Any],
@@ -997,6 +1158,27 @@ class AdaptiveConsistentGrouping(VirtualWorkerGrouping):
 
     def route(self, key_hashes: np.ndarray) -> np.ndarray:
         return self.vw_owner[self.route_virtual(key_hashes)]
+
+    def route_virtual(self, key_hashes: np.ndarray) -> np.ndarray:
+        """PoRC over the VWs with the workers' admission bounds
+        (``porc_admit_route``); without bounds (no shares yet, or ``admit``
+        0) as CG's PoRC."""
+        if self.admit <= 0 or not np.isfinite(self._bound).any():
+            return super().route_virtual(key_hashes)
+        h = np.ascontiguousarray(key_hashes, dtype=np.uint64)
+        out = np.empty(len(h), dtype=np.int64)
+        porc = self._porc
+        porc.m = porc_admit_route(h, porc.loads, porc.m, porc.eps, self._memo.table,
+                                  self.vw_owner, self._bound, self._vw_recent,
+                                  self._w_recent, self._recent_state, self._spill, out)
+        return out
+
+    def take_spill(self) -> np.ndarray | None:
+        if not self._spill.any():
+            return None
+        out = self._spill.copy()
+        self._spill[:] = 0
+        return out
 
     # -- feedback --------------------------------------------------------------
 
@@ -1017,6 +1199,7 @@ class AdaptiveConsistentGrouping(VirtualWorkerGrouping):
         self.migrations += int((owner != self.vw_owner).sum())
         self.vw_owner = owner.copy()
         self.version = int(table.version)
+        self._set_bounds(table.share)
         self.adopted.append((self.clock(), self.version))
 
     # -- membership ------------------------------------------------------------
@@ -1029,12 +1212,26 @@ class AdaptiveConsistentGrouping(VirtualWorkerGrouping):
         owner = rebalance_joined(owner, target, joined)
         self.migrations += int((owner != self.vw_owner).sum())
         self.vw_owner = owner
+        self._set_bounds(None)  # until the controller's next table: no bounds
+
+    def _set_bounds(self, share: np.ndarray | None) -> None:
+        """The admission bounds from a table's rate shares (``1 + admit``
+        times each worker's share; none without shares), and the recent
+        counts per worker recomputed for the table's owners."""
+        if share is None or self.admit <= 0 or len(share) != self.n_workers:
+            self._bound = np.full(self.n_workers, np.inf)
+        else:
+            self._bound = (1.0 + self.admit) * np.asarray(share, dtype=np.float64)
+            self._bound[[w for w in range(self.n_workers) if w not in self._alive]] = 0.0
+        self._w_recent = np.bincount(self.vw_owner, weights=self._vw_recent,
+                                     minlength=self.n_workers).astype(np.float64)
 
     # -- reporting -------------------------------------------------------------
 
     def stats(self) -> dict[str, Any]:
         s = super().stats()  # with vw_per_worker
         s["table_version"] = self.version
+        s["admission_spilled"] = int(self._recent_state[3])
         s["tables_adopted"] = [[float(t), int(v)] for t, v in self.adopted]
         return s
 

@@ -94,6 +94,12 @@ class Grouping(ABC):
         """VW-based schemes: the worker (``int32``) that owns each VW now."""
         raise NotImplementedError(f"scheme {self.name!r} has no virtual workers")
 
+    def take_spill(self) -> np.ndarray | None:
+        """Coordinated schemes that route past a key's first choice (acg's
+        admission): per VW, first choices minus arrivals since the last call
+        (``RoutedReport.spill``); None when there were none."""
+        return None
+
     def on_table(self, table: Any) -> bool:
         """A coordinator's VW table arrived (``coordinated`` schemes); True if it
         was newer and taken: messages routed before and not yet sent should go
