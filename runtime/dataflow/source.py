@@ -508,6 +508,9 @@ class SourceCore:
         cuts = np.cumsum([0, *sizes])
         vws = None
         if self.grouping.coordinated:  # keep each message's VW: a new table re-routes
+            self.grouping.on_held(self.outboxes.held_n(), self.outboxes.drain_rates.rate,
+                                  self.pacer.behind(self.routed + int(cuts[-1])),
+                                  self.outboxes.drain_bounds(self.clock()))
             vws = _concat([self.grouping.route_virtual(hashes[cuts[j]:cuts[j + 1]])
                            for j in range(len(batches))])
             dest = np.asarray(self.grouping.owner_of(vws), dtype=np.int64)

@@ -105,8 +105,11 @@ IDLE_BUSY = 0.95
 REPORT_LOG = 256
 #: a source routes to a worker at most ``1 + ADMIT`` times the worker's share of
 #: the cluster's rate, over its last ``ADMIT_WINDOW`` messages (``porc_admit_route``)
-ADMIT = 0.2
-ADMIT_WINDOW = 4000
+ADMIT = 0.1
+ADMIT_WINDOW = 1500
+#: ... and not to a worker holding this many seconds of its work (this
+#: source's messages unacknowledged) beyond the least-held worker
+ADMIT_BACKLOG_S = 0.2
 
 
 # ============================================================================ admission
@@ -130,6 +133,9 @@ def porc_admit_route(
     memo: np.ndarray,
     vw_owner: np.ndarray,
     bound: np.ndarray,
+    held_s: np.ndarray,
+    msg_s: np.ndarray,
+    held_over: float,
     vw_recent: np.ndarray,
     w_recent: np.ndarray,
     state: np.ndarray,
@@ -161,6 +167,9 @@ def porc_admit_route(
     g = state[0]
     total = state[1]
     grow = 1.0 / state[2]
+    least = held_s[0]  # the least-held worker's seconds of work
+    for x in range(1, held_s.shape[0]):
+        least = min(least, held_s[x])
     for j in range(key_hashes.shape[0]):
         h = key_hashes[j]
         m += 1
@@ -176,6 +185,10 @@ def porc_admit_route(
         e = np.int64(h & mask)
         hit = (memo[e, 0] == h) & (memo[e, 1] == np.uint64(cap))
         first = int(np.int64(memo[e, 2])) if hit else 1
+        # the key's place in [0, 1): a worker over its backlog bound sheds
+        # the keys below a point that rises with its excess - the same keys
+        # each time (each gets one more holder), not every key that comes
+        u = float(choice_scalar(h, 0) >> np.uint64(11)) * (1.0 / 9007199254740992.0)
         b0 = np.int64(-1)  # the first VW PoRC accepts
         p0 = 0
         b = np.int64(-1)  # the one taken
@@ -188,7 +201,8 @@ def porc_admit_route(
                     b0 = c
                     p0 = i
                 w = vw_owner[c]
-                if w_recent[w] + g <= bound[w] * room + ADMIT_SLACK_MSGS * g:
+                if (held_s[w] + msg_s[w] <= least + held_over * (0.5 + 0.5 * u)
+                        and w_recent[w] + g <= bound[w] * room + ADMIT_SLACK_MSGS * g):
                     b = c
                     break
                 if i - p0 >= ADMIT_PROBES:
@@ -213,6 +227,12 @@ def porc_admit_route(
         memo[e, 2] = np.uint64(p0 + 1 if (b == b0 and load >= cap) else p0)
         vw_recent[b] += g
         w_recent[vw_owner[b]] += g
+        wb = vw_owner[b]
+        held_s[wb] += msg_s[wb]
+        if held_s[wb] - msg_s[wb] <= least:
+            least = held_s[0]
+            for x in range(1, held_s.shape[0]):
+                least = min(least, held_s[x])
         total += g
         out[j] = b
     state[0] = g
@@ -1111,6 +1131,7 @@ class AdaptiveConsistentGrouping(VirtualWorkerGrouping):
         drain_s: float = DRAIN_S,
         admit: float = ADMIT,
         admit_window: int = ADMIT_WINDOW,
+        admit_backlog_s: float = ADMIT_BACKLOG_S,
     ) -> None:
         super().__init__(n_workers, seed, clock)
         self.eps = validate_eps(eps)
@@ -1120,6 +1141,8 @@ class AdaptiveConsistentGrouping(VirtualWorkerGrouping):
                 and 1 <= admit_window <= 10**9):
             raise ValueError(f"admit_window must be an int in [1, 1e9] (got {admit_window!r})")
         self.admit_window = int(admit_window)
+        self.admit_backlog_s = (_validate_positive("admit_backlog_s", admit_backlog_s, 3600.0)
+                                if admit_backlog_s else 0.0)
         self.controller_params = {
             "epoch_s": _validate_positive("epoch_s", epoch_s, 3600.0),
             "tau_s": _validate_positive("tau_s", tau_s, 3600.0),
@@ -1140,6 +1163,10 @@ class AdaptiveConsistentGrouping(VirtualWorkerGrouping):
         self._recent_state = np.array([1.0, 0.0, 1.0 - 1.0 / self.admit_window, 0.0])
         self._memo = ProbeMemo(MEMO_SIZE)
         self._spill = np.zeros(self.n_virtual, dtype=np.int64)
+        # per worker: seconds of work this source holds there, and per message
+        # (``on_held``; 0: not known, and no backlog bound)
+        self._held_s = np.zeros(self.n_workers)
+        self._msg_s = np.zeros(self.n_workers)
 
     @classmethod
     def coordinator(cls, n_workers: int, params: dict[str, Any],
@@ -1163,15 +1190,51 @@ class AdaptiveConsistentGrouping(VirtualWorkerGrouping):
         """PoRC over the VWs with the workers' admission bounds
         (``porc_admit_route``); without bounds (no shares yet, or ``admit``
         0) as CG's PoRC."""
-        if self.admit <= 0 or not np.isfinite(self._bound).any():
+        if self.admit <= 0 or (not np.isfinite(self._bound).any()
+                               and not self._msg_s.any()):
             return super().route_virtual(key_hashes)
         h = np.ascontiguousarray(key_hashes, dtype=np.uint64)
         out = np.empty(len(h), dtype=np.int64)
         porc = self._porc
         porc.m = porc_admit_route(h, porc.loads, porc.m, porc.eps, self._memo.table,
-                                  self.vw_owner, self._bound, self._vw_recent,
+                                  self.vw_owner, self._bound, self._held_s, self._msg_s,
+                                  self.admit_backlog_s if self.admit_backlog_s > 0 else np.inf,
+                                  self._vw_recent,
                                   self._w_recent, self._recent_state, self._spill, out)
         return out
+
+    def on_held(self, held: np.ndarray, rate: np.ndarray, behind: bool = False,
+                rate_bound: np.ndarray | None = None) -> None:
+        """This source's unacknowledged messages per worker (queued or in
+        flight) and how fast each worker drains them (msgs/s, 0: not measured
+        yet: taken at the mean of the measured): a worker holding more than
+        ``admit_backlog_s`` seconds of work beyond the least-held live worker
+        takes no more messages until it drains (``porc_admit_route``)."""
+        if self.admit_backlog_s <= 0 or self.admit <= 0:
+            return
+        if behind:
+            # a source behind its input fills every worker's memory bound (in
+            # messages: seconds of a slow worker's work): held seconds then
+            # tell the bounds apart, not a worker that fell behind
+            self._held_s[:] = 0.0
+            self._msg_s[:] = 0.0
+            return
+        live = np.zeros(self.n_workers, dtype=bool)
+        live[list(self._alive)] = True
+        r = np.asarray(rate, dtype=np.float64)
+        known = live & (r > 0)
+        if not known.any():
+            self._held_s[:] = 0.0
+            self._msg_s[:] = 0.0
+            return
+        r = np.where(r > 0, r, float(r[known].mean()))
+        if rate_bound is not None:
+            # a worker not measured yet, its first call still in service while
+            # others' came back, is slower than that call's age says
+            r = np.minimum(r, np.asarray(rate_bound, dtype=np.float64))
+        self._msg_s = np.where(live, 1.0 / r, 0.0)
+        # departed workers never count as the least held
+        self._held_s = np.where(live, np.asarray(held, dtype=np.float64) / r, np.inf)
 
     def take_spill(self) -> np.ndarray | None:
         if not self._spill.any():
