@@ -183,7 +183,11 @@ def porc_admit_route(
             g = 1.0
         cap = math.ceil((1.0 + eps) * m / n_bins)
         e = np.int64(h & mask)
-        hit = (memo[e, 0] == h) & (memo[e, 1] == np.uint64(cap))
+        # a key in the memo came recently (its slot was not taken since): a
+        # frequent key - only those are shed (a light key keeps its one VW:
+        # shedding it would add a holder for little load)
+        recent = memo[e, 0] == h
+        hit = recent & (memo[e, 1] == np.uint64(cap))
         first = int(np.int64(memo[e, 2])) if hit else 1
         # the key's place in [0, 1): a worker over its backlog bound sheds
         # the keys below a point that rises with its excess - the same keys
@@ -201,7 +205,8 @@ def porc_admit_route(
                     b0 = c
                     p0 = i
                 w = vw_owner[c]
-                if (held_s[w] + msg_s[w] <= least + held_over * (0.5 + 0.5 * u)
+                if not recent or (
+                        held_s[w] + msg_s[w] <= least + held_over * (0.5 + 0.5 * u)
                         and w_recent[w] + g <= bound[w] * room + ADMIT_SLACK_MSGS * g):
                     b = c
                     break
