@@ -586,9 +586,11 @@ class SourceCore:
             todo.append((table, (batch, pos, t if emit_ts is None else emit_ts)))
         if not todo:
             return
-        if self.grouping.coordinated:
-            # the acks already there first: the routing's admission reads what
-            # each worker still holds (and an ack may carry a newer table)
+        if self.grouping.coordinated and not self.pacer.behind(
+                self.routed + sum(tb.num_rows for tb, _ in todo)):
+            # a source keeping up with its input takes the acks already there
+            # first: the routing's admission reads what each worker still holds
+            # (and an ack may carry a newer table); one behind routes at once
             self._wait_some(timeout=0)
         tables = [tb for tb, _ in todo]
         records = as_record_batch(tables[0] if len(tables) == 1 else pa.concat_tables(tables))

@@ -105,7 +105,7 @@ IDLE_BUSY = 0.95
 REPORT_LOG = 256
 #: a source routes to a worker at most ``1 + ADMIT`` times the worker's share of
 #: the cluster's rate, over its last ``ADMIT_WINDOW`` messages (``porc_admit_route``)
-ADMIT = 0.1
+ADMIT = 0.2
 ADMIT_WINDOW = 1500
 #: ... and not to a worker holding this many seconds of its work (this
 #: source's messages unacknowledged) beyond the least-held worker
@@ -1172,6 +1172,8 @@ class AdaptiveConsistentGrouping(VirtualWorkerGrouping):
         # (``on_held``; 0: not known, and no backlog bound)
         self._held_s = np.zeros(self.n_workers)
         self._msg_s = np.zeros(self.n_workers)
+        self._behind = False  # the source is behind its input (``on_held``)
+        self._no_bound = np.full(self.n_workers, np.inf)
 
     @classmethod
     def coordinator(cls, n_workers: int, params: dict[str, Any],
@@ -1202,7 +1204,8 @@ class AdaptiveConsistentGrouping(VirtualWorkerGrouping):
         out = np.empty(len(h), dtype=np.int64)
         porc = self._porc
         porc.m = porc_admit_route(h, porc.loads, porc.m, porc.eps, self._memo.table,
-                                  self.vw_owner, self._bound, self._held_s, self._msg_s,
+                                  self.vw_owner, self._no_bound if self._behind else self._bound,
+                                  self._held_s, self._msg_s,
                                   self.admit_backlog_s if self.admit_backlog_s > 0 else np.inf,
                                   self._vw_recent,
                                   self._w_recent, self._recent_state, self._spill, out)
@@ -1217,10 +1220,12 @@ class AdaptiveConsistentGrouping(VirtualWorkerGrouping):
         takes no more messages until it drains (``porc_admit_route``)."""
         if self.admit_backlog_s <= 0 or self.admit <= 0:
             return
+        self._behind = behind
         if behind:
             # a source behind its input fills every worker's memory bound (in
             # messages: seconds of a slow worker's work): held seconds then
-            # tell the bounds apart, not a worker that fell behind
+            # tell the bounds apart, not a worker that fell behind; and every
+            # worker is busy: the plan alone balances (no bound at all)
             self._held_s[:] = 0.0
             self._msg_s[:] = 0.0
             return
