@@ -192,7 +192,7 @@ def porc_admit_route(
         # the key's place in [0, 1): a worker over its backlog bound sheds
         # the keys below a point that rises with its excess - the same keys
         # each time (each gets one more holder), not every key that comes
-        u = float(choice_scalar(h, 0) >> np.uint64(11)) * (1.0 / 9007199254740992.0)
+        u = -1.0  # computed once needed
         b0 = np.int64(-1)  # the first VW PoRC accepts
         p0 = 0
         b = np.int64(-1)  # the one taken
@@ -205,11 +205,20 @@ def porc_admit_route(
                     b0 = c
                     p0 = i
                 w = vw_owner[c]
-                if not recent or (
-                        held_s[w] + msg_s[w] <= least + held_over * (0.5 + 0.5 * u)
-                        and w_recent[w] + g <= bound[w] * room + ADMIT_SLACK_MSGS * g):
+                if not recent:
                     b = c
                     break
+                if w_recent[w] + g <= bound[w] * room + ADMIT_SLACK_MSGS * g:
+                    over = held_s[w] + msg_s[w] - least
+                    if over <= 0.5 * held_over:
+                        b = c
+                        break
+                    if u < 0.0:
+                        u = float(choice_scalar(h, 0) >> np.uint64(11)) * (
+                            1.0 / 9007199254740992.0)
+                    if over <= held_over * (0.5 + 0.5 * u):
+                        b = c
+                        break
                 if i - p0 >= ADMIT_PROBES:
                     break
             i += 1
@@ -234,7 +243,7 @@ def porc_admit_route(
         w_recent[vw_owner[b]] += g
         wb = vw_owner[b]
         held_s[wb] += msg_s[wb]
-        if held_s[wb] - msg_s[wb] <= least:
+        if msg_s[wb] > 0.0 and held_s[wb] - msg_s[wb] <= least:
             least = held_s[0]
             for x in range(1, held_s.shape[0]):
                 least = min(least, held_s[x])
@@ -1173,6 +1182,8 @@ class AdaptiveConsistentGrouping(VirtualWorkerGrouping):
         self._held_s = np.zeros(self.n_workers)
         self._msg_s = np.zeros(self.n_workers)
         self._behind = False  # the source is behind its input (``on_held``)
+        self._bounded = False  # whether a table brought shares (``_set_bounds``)
+        self._live = np.ones(self.n_workers, dtype=bool)
         self._no_bound = np.full(self.n_workers, np.inf)
 
     @classmethod
@@ -1197,8 +1208,7 @@ class AdaptiveConsistentGrouping(VirtualWorkerGrouping):
         """PoRC over the VWs with the workers' admission bounds
         (``porc_admit_route``); without bounds (no shares yet, or ``admit``
         0) as CG's PoRC."""
-        if self.admit <= 0 or (not np.isfinite(self._bound).any()
-                               and not self._msg_s.any()):
+        if self.admit <= 0 or (not self._bounded and not self._msg_s.any()):
             return super().route_virtual(key_hashes)
         h = np.ascontiguousarray(key_hashes, dtype=np.uint64)
         out = np.empty(len(h), dtype=np.int64)
@@ -1229,22 +1239,27 @@ class AdaptiveConsistentGrouping(VirtualWorkerGrouping):
             self._held_s[:] = 0.0
             self._msg_s[:] = 0.0
             return
-        live = np.zeros(self.n_workers, dtype=bool)
-        live[list(self._alive)] = True
-        r = np.asarray(rate, dtype=np.float64)
-        known = live & (r > 0)
-        if not known.any():
-            self._held_s[:] = 0.0
-            self._msg_s[:] = 0.0
-            return
-        r = np.where(r > 0, r, float(r[known].mean()))
+        # (once per routing step: few numpy calls)
+        live = self._live
+        r = np.array(rate, dtype=np.float64)
+        unknown = r <= 0
+        if unknown.any():
+            known = live & ~unknown
+            if not known.any():
+                self._held_s[:] = 0.0
+                self._msg_s[:] = 0.0
+                return
+            r[unknown] = r[known].mean()
         if rate_bound is not None:
             # a worker not measured yet, its first call still in service while
             # others' came back, is slower than that call's age says
-            r = np.minimum(r, np.asarray(rate_bound, dtype=np.float64))
-        self._msg_s = np.where(live, 1.0 / r, 0.0)
-        # departed workers never count as the least held
-        self._held_s = np.where(live, np.asarray(held, dtype=np.float64) / r, np.inf)
+            np.minimum(r, rate_bound, out=r)
+        np.divide(1.0, r, out=self._msg_s)
+        np.divide(held, r, out=self._held_s)
+        if len(self._alive) < self.n_workers:
+            # departed workers never count as the least held
+            self._msg_s[~live] = 0.0
+            self._held_s[~live] = np.inf
 
     def take_spill(self) -> np.ndarray | None:
         if not self._spill.any():
@@ -1285,13 +1300,16 @@ class AdaptiveConsistentGrouping(VirtualWorkerGrouping):
         owner = rebalance_joined(owner, target, joined)
         self.migrations += int((owner != self.vw_owner).sum())
         self.vw_owner = owner
+        self._live = np.zeros(self.n_workers, dtype=bool)
+        self._live[sorted(target)] = True
         self._set_bounds(None)  # until the controller's next table: no bounds
 
     def _set_bounds(self, share: np.ndarray | None) -> None:
         """The admission bounds from a table's rate shares (``1 + admit``
         times each worker's share; none without shares), and the recent
         counts per worker recomputed for the table's owners."""
-        if share is None or self.admit <= 0 or len(share) != self.n_workers:
+        self._bounded = not (share is None or self.admit <= 0 or len(share) != self.n_workers)
+        if not self._bounded:
             self._bound = np.full(self.n_workers, np.inf)
         else:
             self._bound = (1.0 + self.admit) * np.asarray(share, dtype=np.float64)
