@@ -1183,7 +1183,7 @@ class AdaptiveConsistentGrouping(VirtualWorkerGrouping):
         self._msg_s = np.zeros(self.n_workers)
         self._behind = False  # the source is behind its input (``on_held``)
         self._bounded = False  # whether a table brought shares (``_set_bounds``)
-        self._live = np.ones(self.n_workers, dtype=bool)
+        self._live_mask = np.ones(self.n_workers, dtype=bool)
         self._no_bound = np.full(self.n_workers, np.inf)
 
     @classmethod
@@ -1240,7 +1240,7 @@ class AdaptiveConsistentGrouping(VirtualWorkerGrouping):
             self._msg_s[:] = 0.0
             return
         # (once per routing step: few numpy calls)
-        live = self._live
+        live = self._live_mask
         r = np.array(rate, dtype=np.float64)
         unknown = r <= 0
         if unknown.any():
@@ -1300,8 +1300,8 @@ class AdaptiveConsistentGrouping(VirtualWorkerGrouping):
         owner = rebalance_joined(owner, target, joined)
         self.migrations += int((owner != self.vw_owner).sum())
         self.vw_owner = owner
-        self._live = np.zeros(self.n_workers, dtype=bool)
-        self._live[sorted(target)] = True
+        self._live_mask = np.zeros(self.n_workers, dtype=bool)
+        self._live_mask[sorted(target)] = True
         self._set_bounds(None)  # until the controller's next table: no bounds
 
     def _set_bounds(self, share: np.ndarray | None) -> None:
