@@ -39,6 +39,14 @@ signalling:
   (saturated: the workers idle for < 5% of the total rate), so a slow worker
   left with a backlog - the first moments' blind routing, a hot key that
   landed on it - sheds VWs until it has drained.
+- **Admission** (``porc_admit_route``, each source): a PoRC choice is taken
+  only if its worker had at most ``1 + admit`` times its share of the rates
+  (the table carries them) of the source's recent messages and holds at most
+  ``admit_backlog_s`` more of the source's work than the least-held worker;
+  else the key tries its next PoRC choices. Only frequent keys (in the probe
+  memo) are shed; a source behind its input routes with no bound. The
+  reports carry where the admission moved messages from (``spill``), and the
+  loads are planned from what the keys asked for.
 - **Membership** follows one deterministic rule on the sources and in the
   controller (``reassign_departed`` / ``rebalance_joined``), so a departure
   is handled at once on every source without waiting for the controller,
@@ -1121,6 +1129,13 @@ class AdaptiveConsistentGrouping(VirtualWorkerGrouping):
         drain_s: a worker's backlog counts in the plans as extra load that
             drains it within ``drain_s`` seconds (default 1; 0: backlogs are
             not counted, as before).
+        admit: the sources' share bound: a worker takes at most ``1 +
+            admit`` times its share of the measured rates of a source's
+            recent messages (default 0.2; 0 turns admission off).
+        admit_window: the recent messages of the share bound (default 1,500,
+            exponentially decayed).
+        admit_backlog_s: the sources' backlog bound, seconds of a worker's
+            work held beyond the least-held worker (default 0.2; 0: none).
 
     ``epoch_s``, ``tau_s``, ``jump``, ``min_gain`` and ``drain_s`` configure
     the controller (``coordinator``), not routing.
