@@ -89,6 +89,19 @@ class Outboxes:
         """Per worker: messages unacknowledged, queued or in flight."""
         return self.queued_n + self.inflight_n
 
+    def drain_bounds(self, now: float) -> np.ndarray:
+        """Per worker, the most messages per second it can be draining this
+        source's calls at, as far as the acks tell: ``inf``, except for a
+        worker no call of which was acknowledged yet while one is in flight:
+        its oldest call's messages over that call's age (a slow worker's
+        first call is still in service when a fast one's have come back)."""
+        out = np.full(len(self.queues), np.inf)
+        for call in self.inflight.values():
+            w = call.worker
+            if not self.drain_rates.measured[w] and now > call.sent_at:
+                out[w] = min(out[w], call.messages / (now - call.sent_at))
+        return out
+
     def bounds(self, caps: np.ndarray | None = None) -> np.ndarray:
         """Per worker, the memory bound in messages: ``max_inflight +
         outbox_batches`` batches, or as many full calls (``caps``, default

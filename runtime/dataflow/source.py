@@ -242,13 +242,13 @@ class LoadReports:
         return self.meter.since + (FIRST_PLAN_S if self.early() else self.report_every_s)
 
     def send_due(self, vws: np.ndarray | None = None, final: bool = False,
-                 queued: np.ndarray | None = None) -> None:
-        """Count ``vws`` (the VW of each message just routed); send the report
-        if it is due, or ``final``, or with ``queued`` (the source has routed
-        its whole input: what its outboxes hold per VW; ``RoutedReport``)."""
+                 queued: np.ndarray | None = None, spill: np.ndarray | None = None) -> None:
+        """Count ``vws`` (the VW of each message just routed) and ``spill``
+        (``RoutedReport``); send the report if it is due, or ``final``, or
+        with ``queued`` (the source has routed its whole input: what its
+        outboxes hold per VW; ``RoutedReport``)."""
         routed_all = queued is not None
-        if vws is not None:
-            self.meter.routed(vws)
+        self.meter.routed(vws, spill)
         now = self.clock()
         if final or routed_all or now >= self.deadline():
             self.sent += 1
@@ -477,7 +477,7 @@ class SourceCore:
         if self.load_reports is None:
             return
         queued = self.outboxes.queued_vws(self.grouping.n_virtual) if routed_all else None
-        self.load_reports.send_due(vws, final, queued)
+        self.load_reports.send_due(vws, final, queued, self.grouping.take_spill())
         if final or routed_all:
             self._take_table(self.load_reports.answer(timeout=None))
 
@@ -508,6 +508,9 @@ class SourceCore:
         cuts = np.cumsum([0, *sizes])
         vws = None
         if self.grouping.coordinated:  # keep each message's VW: a new table re-routes
+            self.grouping.on_held(self.outboxes.held_n(), self.outboxes.drain_rates.rate,
+                                  self.pacer.behind(self.routed + int(cuts[-1])),
+                                  self.outboxes.drain_bounds(self.clock()))
             vws = _concat([self.grouping.route_virtual(hashes[cuts[j]:cuts[j + 1]])
                            for j in range(len(batches))])
             dest = np.asarray(self.grouping.owner_of(vws), dtype=np.int64)
@@ -583,6 +586,12 @@ class SourceCore:
             todo.append((table, (batch, pos, t if emit_ts is None else emit_ts)))
         if not todo:
             return
+        if self.grouping.coordinated and not self.pacer.behind(
+                self.routed + sum(tb.num_rows for tb, _ in todo)):
+            # a source keeping up with its input takes the acks already there
+            # first: the routing's admission reads what each worker still holds
+            # (and an ack may carry a newer table); one behind routes at once
+            self._wait_some(timeout=0)
         tables = [tb for tb, _ in todo]
         records = as_record_batch(tables[0] if len(tables) == 1 else pa.concat_tables(tables))
         hashes = hash_arrow(records.column(self.key))  # the only time a key is hashed

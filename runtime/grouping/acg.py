@@ -39,6 +39,14 @@ signalling:
   (saturated: the workers idle for < 5% of the total rate), so a slow worker
   left with a backlog - the first moments' blind routing, a hot key that
   landed on it - sheds VWs until it has drained.
+- **Admission** (``porc_admit_route``, each source): a PoRC choice is taken
+  only if its worker had at most ``1 + admit`` times its share of the rates
+  (the table carries them) of the source's recent messages and holds at most
+  ``admit_backlog_s`` more of the source's work than the least-held worker;
+  else the key tries its next PoRC choices. Only frequent keys (in the probe
+  memo) are shed; a source behind its input routes with no bound. The
+  reports carry where the admission moved messages from (``spill``), and the
+  loads are planned from what the keys asked for.
 - **Membership** follows one deterministic rule on the sources and in the
   controller (``reassign_departed`` / ``rebalance_joined``), so a departure
   is handled at once on every source without waiting for the controller,
@@ -65,12 +73,18 @@ import numpy as np
 
 from runtime.grouping.base import Clock, register
 from runtime.grouping.coordination import FIRST_PLAN_S, RateReport, RoutedReport, VwTable
+from runtime.grouping.fastmod import magic_of, mod_n
 from runtime.grouping.porc import (
+    MEMO_SIZE,
+    PROBES_PER_BIN,
+    ProbeMemo,
     VirtualWorkerGrouping,
     modulo_owner,
     validate_eps,
     validate_virtual_per_worker,
 )
+from runtime.hashing import choice_scalar
+from runtime.kernels.jit import kernel
 
 MAX_VIRTUAL_PER_WORKER = 1000
 #: arrivals are put on a timeline of buckets this long (seconds)
@@ -97,6 +111,155 @@ DRAIN_S = 1.0
 IDLE_BUSY = 0.95
 #: report times kept per worker (backlog estimates interpolate in them)
 REPORT_LOG = 256
+#: a source routes to a worker at most ``1 + ADMIT`` times the worker's share of
+#: the cluster's rate, over its last ``ADMIT_WINDOW`` messages (``porc_admit_route``)
+ADMIT = 0.2
+ADMIT_WINDOW = 1500
+#: ... and not to a worker holding this many seconds of its work (this
+#: source's messages unacknowledged) beyond the least-held worker
+ADMIT_BACKLOG_S = 0.2
+
+
+# ============================================================================ admission
+
+#: a worker's recent count may exceed its bound by this many messages (so a
+#: short window's counting noise on a slow worker does not spill light keys)
+ADMIT_SLACK_MSGS = 4.0
+#: at most this many probes past a key's first PoRC choice look for a VW whose
+#: worker is within its bound; then the first PoRC choice is taken
+ADMIT_PROBES = 32
+#: the decayed counts are rescaled when their growing unit passes this
+_RESCALE = 1e100
+
+
+@kernel()
+def porc_admit_route(
+    key_hashes: np.ndarray,
+    loads: np.ndarray,
+    m: int,
+    eps: float,
+    memo: np.ndarray,
+    vw_owner: np.ndarray,
+    bound: np.ndarray,
+    held_s: np.ndarray,
+    msg_s: np.ndarray,
+    held_over: float,
+    vw_recent: np.ndarray,
+    w_recent: np.ndarray,
+    state: np.ndarray,
+    spill: np.ndarray,
+    out: np.ndarray,
+) -> int:  # pragma: no cover - compiled
+    """PoRC over the VWs (``porc_core``'s choices, bounds and memo) with a
+    per-worker admission test on top; ``out[j]`` = message ``j``'s VW.
+
+    ``vw_recent[v]`` / ``w_recent[w]``: messages routed to VW ``v`` / worker
+    ``w`` over a window decaying by ``state[2]`` per message (``1 - 1 /
+    window``), kept in a unit ``state[0]`` that grows by ``1 / state[2]`` per
+    message (so no count is touched by the decay); ``state[1]``: all the
+    messages, in that unit; ``state[3]``: messages that admission sent past
+    their first PoRC choice, and ``spill`` per VW (``RoutedReport.spill``)
+    those whose first choice it was minus those it took in their stead. A VW that PoRC accepts is taken only if its owner
+    ``w`` stays within ``bound[w]`` (its share of the cluster's rate times ``1
+    + delta``) of the recent messages, plus ``ADMIT_SLACK_MSGS``; otherwise the
+    key tries its next PoRC choices, for at most ``ADMIT_PROBES`` more, and
+    falls back to its first PoRC choice. The memo keeps ``porc_core``'s
+    meaning (probes before ``p`` hit full VWs): it records the first PoRC
+    choice, never a VW skipped by admission (whose bound may relax).
+    Returns the new ``m``; the same result for one batch or any split."""
+    n_bins = loads.shape[0]
+    nb = np.uint64(n_bins)
+    magic = magic_of(nb)
+    mask = np.uint64(memo.shape[0] - 1)
+    limit = PROBES_PER_BIN * n_bins + 64
+    g = state[0]
+    total = state[1]
+    grow = 1.0 / state[2]
+    least = held_s[0]  # the least-held worker's seconds of work
+    for x in range(1, held_s.shape[0]):
+        least = min(least, held_s[x])
+    for j in range(key_hashes.shape[0]):
+        h = key_hashes[j]
+        m += 1
+        g *= grow
+        if g > _RESCALE:
+            for v in range(n_bins):
+                vw_recent[v] /= g
+            for w in range(w_recent.shape[0]):
+                w_recent[w] /= g
+            total /= g
+            g = 1.0
+        cap = math.ceil((1.0 + eps) * m / n_bins)
+        e = np.int64(h & mask)
+        # a key in the memo came recently (its slot was not taken since): a
+        # frequent key - only those are shed (a light key keeps its one VW:
+        # shedding it would add a holder for little load)
+        recent = memo[e, 0] == h
+        hit = recent & (memo[e, 1] == np.uint64(cap))
+        first = int(np.int64(memo[e, 2])) if hit else 1
+        # the key's place in [0, 1): a worker over its backlog bound sheds
+        # the keys below a point that rises with its excess - the same keys
+        # each time (each gets one more holder), not every key that comes
+        u = -1.0  # computed once needed
+        b0 = np.int64(-1)  # the first VW PoRC accepts
+        p0 = 0
+        b = np.int64(-1)  # the one taken
+        room = total + g
+        i = first
+        while i <= limit:
+            c = np.int64(mod_n(choice_scalar(h, i), nb, magic))
+            if loads[c] < cap:
+                if b0 < 0:
+                    b0 = c
+                    p0 = i
+                w = vw_owner[c]
+                if not recent:
+                    b = c
+                    break
+                if w_recent[w] + g <= bound[w] * room + ADMIT_SLACK_MSGS * g:
+                    over = held_s[w] + msg_s[w] - least
+                    if over <= 0.5 * held_over:
+                        b = c
+                        break
+                    if u < 0.0:
+                        u = float(choice_scalar(h, 0) >> np.uint64(11)) * (
+                            1.0 / 9007199254740992.0)
+                    if over <= held_over * (0.5 + 0.5 * u):
+                        b = c
+                        break
+                if i - p0 >= ADMIT_PROBES:
+                    break
+            i += 1
+        if b0 < 0:  # rare: fall back to the least-loaded bin, which has room
+            b0 = np.int64(0)
+            for c2 in range(1, n_bins):
+                if loads[c2] < loads[b0]:
+                    b0 = np.int64(c2)
+            p0 = i
+        if b < 0:
+            b = b0
+        elif b != b0:
+            state[3] += 1.0
+            spill[b0] += 1
+            spill[b] -= 1
+        load = loads[b] + 1
+        loads[b] = load
+        memo[e, 0] = h
+        memo[e, 1] = np.uint64(cap)
+        memo[e, 2] = np.uint64(p0 + 1 if (b == b0 and load >= cap) else p0)
+        vw_recent[b] += g
+        w_recent[vw_owner[b]] += g
+        wb = vw_owner[b]
+        held_s[wb] += msg_s[wb]
+        if msg_s[wb] > 0.0 and held_s[wb] - msg_s[wb] <= least:
+            least = held_s[0]
+            for x in range(1, held_s.shape[0]):
+                least = min(least, held_s[x])
+        total += g
+        out[j] = b
+    state[0] = g
+    state[1] = total
+    return m
 
 
 # ============================================================================ the table
@@ -439,6 +602,7 @@ class AcgController:
         self.alive = set(range(self.n_workers)) if alive is None else {int(w) for w in alive}
         self.owner = initial_table(self.n_workers, self.n_virtual, self.alive)
         self.version = 0
+        self._share: np.ndarray | None = None  # the rate shares the table was made with
         self.rates = [_Rate() for _ in range(self.n_workers)]
         self.vw_rate: np.ndarray | None = None  # msgs/s per VW (EWMA)
         self._load_seen_s = 0.0
@@ -491,13 +655,17 @@ class AcgController:
         st.prev_report = float(now)
 
     def report_routed(self, source: int, since: float, now: float, vw_ids: np.ndarray,
-                      vw_counts: np.ndarray) -> None:
-        """What ``source`` routed per VW over ``[since, now)``."""
+                      vw_counts: np.ndarray, spill: np.ndarray | None = None) -> None:
+        """What ``source`` routed per VW over ``[since, now)``; ``spill``: per
+        VW, what its admission routed elsewhere (``RoutedReport.spill``)."""
         if not self.started:
             return
         ids = np.asarray(vw_ids, dtype=np.int64)
         ok = (ids >= 0) & (ids < self.n_virtual)
         self._arrivals.add(ids[ok], np.asarray(vw_counts)[ok], float(since), float(now))
+        if spill is not None and len(spill) == self.n_virtual:
+            nz = np.flatnonzero(spill)
+            self._spills.add(nz, np.asarray(spill)[nz], float(since), float(now))
         last = self._routed_to.get(int(source))
         if last is not None and float(now) > last:
             self._report_gap[int(source)] = float(now) - last
@@ -513,7 +681,8 @@ class AcgController:
         planning once every source's has come, with an end plan
         (``_end_plan``); its last one (``final``, after its drain) says its
         stream ended (``source_ended``)."""
-        self.report_routed(source, report.since, report.now, report.vw_ids, report.vw_counts)
+        self.report_routed(source, report.since, report.now, report.vw_ids, report.vw_counts,
+                           report.spill)
         if report.queued is not None:
             self._queued[int(source)] = np.asarray(report.queued, dtype=np.float64)
             if self.sources is None or len(set(self._queued) | self._ended) >= self.sources:
@@ -548,6 +717,7 @@ class AcgController:
         self._last_tick = float(t0)
         self._next_plan = float(t0) + min(FIRST_PLAN_S, self.epoch_s)
         self._arrivals = _ArrivalBuckets(self.n_virtual, float(t0), BUCKET_S)
+        self._spills = _ArrivalBuckets(self.n_virtual, float(t0), BUCKET_S)
         self._routed_to, self._report_gap = {}, {}
         self._arr_t, self._arr_cum = [float(t0)], [np.zeros(self.n_workers)]
         self._owner_log = [(float(t0), self.owner.copy())]
@@ -581,7 +751,19 @@ class AcgController:
     # -- planning ---------------------------------------------------------------
 
     def table(self) -> VwTable:
-        return VwTable(self.version, self.owner.copy())
+        return VwTable(self.version, self.owner.copy(),
+                       None if self._share is None else self._share.copy())
+
+    def _rate_share(self) -> np.ndarray | None:
+        """Each live worker's share of the measured total rate (0 for the
+        departed); None before any rate is measured."""
+        rate = self._rate_vector()
+        if rate is None:
+            return None
+        out = np.zeros(self.n_workers)
+        alive = sorted(self.alive)
+        out[alive] = rate[alive] / float(np.sum(rate[alive]))
+        return out
 
     def _update_rates(self, now: float) -> None:
         for w in sorted(self.alive):
@@ -638,7 +820,11 @@ class AcgController:
         horizon = min(reporting or self._routed_to.values())
         d = self._arrivals.bucket_s
         first, buckets = self._arrivals.take_complete(horizon)
-        self._add_arrivals(first, buckets, d)
+        self._add_arrivals(first, buckets, d)  # the backlogs: where messages went
+        # the loads: what the keys asked for (the sources' admission may have
+        # sent some of a VW's messages elsewhere; the plan places the VW whole)
+        _, spills = self._spills.take_complete(horizon)
+        buckets = [a + s for a, s in zip(buckets, spills, strict=True)]
         jumped = self._load_jumps(buckets, d)
         for counts in buckets:
             sample = counts / d
@@ -877,6 +1063,7 @@ class AcgController:
             return None
         self.owner = owner.astype(np.int32)
         self.version += 1
+        self._share = self._rate_share()
         if self.started:
             self._owner_log.append((float(now if now is not None else self._last_tick),
                                     self.owner.copy()))
@@ -942,6 +1129,13 @@ class AdaptiveConsistentGrouping(VirtualWorkerGrouping):
         drain_s: a worker's backlog counts in the plans as extra load that
             drains it within ``drain_s`` seconds (default 1; 0: backlogs are
             not counted, as before).
+        admit: the sources' share bound: a worker takes at most ``1 +
+            admit`` times its share of the measured rates of a source's
+            recent messages (default 0.2; 0 turns admission off).
+        admit_window: the recent messages of the share bound (default 1,500,
+            exponentially decayed).
+        admit_backlog_s: the sources' backlog bound, seconds of a worker's
+            work held beyond the least-held worker (default 0.2; 0: none).
 
     ``epoch_s``, ``tau_s``, ``jump``, ``min_gain`` and ``drain_s`` configure
     the controller (``coordinator``), not routing.
@@ -964,10 +1158,20 @@ class AdaptiveConsistentGrouping(VirtualWorkerGrouping):
         jump: float = 0.25,
         min_gain: float = 0.02,
         drain_s: float = DRAIN_S,
+        admit: float = ADMIT,
+        admit_window: int = ADMIT_WINDOW,
+        admit_backlog_s: float = ADMIT_BACKLOG_S,
     ) -> None:
         super().__init__(n_workers, seed, clock)
         self.eps = validate_eps(eps)
         r = validate_virtual_per_worker(virtual_per_worker, MAX_VIRTUAL_PER_WORKER)
+        self.admit = validate_eps(admit, "admit")
+        if not (isinstance(admit_window, (int, np.integer)) and not isinstance(admit_window, bool)
+                and 1 <= admit_window <= 10**9):
+            raise ValueError(f"admit_window must be an int in [1, 1e9] (got {admit_window!r})")
+        self.admit_window = int(admit_window)
+        self.admit_backlog_s = (_validate_positive("admit_backlog_s", admit_backlog_s, 3600.0)
+                                if admit_backlog_s else 0.0)
         self.controller_params = {
             "epoch_s": _validate_positive("epoch_s", epoch_s, 3600.0),
             "tau_s": _validate_positive("tau_s", tau_s, 3600.0),
@@ -979,6 +1183,23 @@ class AdaptiveConsistentGrouping(VirtualWorkerGrouping):
         self._init_virtual_workers(self.eps, r)
         self.version = 0
         self.adopted: list[tuple[float, int]] = []  # (clock, version) of every table taken
+        # admission (``porc_admit_route``): per worker, the most it may take of
+        # the recent messages (inf: no bound, until a table brings the shares)
+        self._bound = np.full(self.n_workers, np.inf)
+        self._vw_recent = np.zeros(self.n_virtual)
+        self._w_recent = np.zeros(self.n_workers)
+        # [unit, total, decay per message, spilled] (``porc_admit_route``)
+        self._recent_state = np.array([1.0, 0.0, 1.0 - 1.0 / self.admit_window, 0.0])
+        self._memo = ProbeMemo(MEMO_SIZE)
+        self._spill = np.zeros(self.n_virtual, dtype=np.int64)
+        # per worker: seconds of work this source holds there, and per message
+        # (``on_held``; 0: not known, and no backlog bound)
+        self._held_s = np.zeros(self.n_workers)
+        self._msg_s = np.zeros(self.n_workers)
+        self._behind = False  # the source is behind its input (``on_held``)
+        self._bounded = False  # whether a table brought shares (``_set_bounds``)
+        self._live_mask = np.ones(self.n_workers, dtype=bool)
+        self._no_bound = np.full(self.n_workers, np.inf)
 
     @classmethod
     def coordinator(cls, n_workers: int, params: dict[str, Any],
@@ -997,6 +1218,70 @@ class AdaptiveConsistentGrouping(VirtualWorkerGrouping):
 
     def route(self, key_hashes: np.ndarray) -> np.ndarray:
         return self.vw_owner[self.route_virtual(key_hashes)]
+
+    def route_virtual(self, key_hashes: np.ndarray) -> np.ndarray:
+        """PoRC over the VWs with the workers' admission bounds
+        (``porc_admit_route``); without bounds (no shares yet, or ``admit``
+        0) as CG's PoRC."""
+        if self.admit <= 0 or (not self._bounded and not self._msg_s.any()):
+            return super().route_virtual(key_hashes)
+        h = np.ascontiguousarray(key_hashes, dtype=np.uint64)
+        out = np.empty(len(h), dtype=np.int64)
+        porc = self._porc
+        porc.m = porc_admit_route(h, porc.loads, porc.m, porc.eps, self._memo.table,
+                                  self.vw_owner, self._no_bound if self._behind else self._bound,
+                                  self._held_s, self._msg_s,
+                                  self.admit_backlog_s if self.admit_backlog_s > 0 else np.inf,
+                                  self._vw_recent,
+                                  self._w_recent, self._recent_state, self._spill, out)
+        return out
+
+    def on_held(self, held: np.ndarray, rate: np.ndarray, behind: bool = False,
+                rate_bound: np.ndarray | None = None) -> None:
+        """This source's unacknowledged messages per worker (queued or in
+        flight) and how fast each worker drains them (msgs/s, 0: not measured
+        yet: taken at the mean of the measured): a worker holding more than
+        ``admit_backlog_s`` seconds of work beyond the least-held live worker
+        takes no more messages until it drains (``porc_admit_route``)."""
+        if self.admit_backlog_s <= 0 or self.admit <= 0:
+            return
+        self._behind = behind
+        if behind:
+            # a source behind its input fills every worker's memory bound (in
+            # messages: seconds of a slow worker's work): held seconds then
+            # tell the bounds apart, not a worker that fell behind; and every
+            # worker is busy: the plan alone balances (no bound at all)
+            self._held_s[:] = 0.0
+            self._msg_s[:] = 0.0
+            return
+        # (once per routing step: few numpy calls)
+        live = self._live_mask
+        r = np.array(rate, dtype=np.float64)
+        unknown = r <= 0
+        if unknown.any():
+            known = live & ~unknown
+            if not known.any():
+                self._held_s[:] = 0.0
+                self._msg_s[:] = 0.0
+                return
+            r[unknown] = r[known].mean()
+        if rate_bound is not None:
+            # a worker not measured yet, its first call still in service while
+            # others' came back, is slower than that call's age says
+            np.minimum(r, rate_bound, out=r)
+        np.divide(1.0, r, out=self._msg_s)
+        np.divide(held, r, out=self._held_s)
+        if len(self._alive) < self.n_workers:
+            # departed workers never count as the least held
+            self._msg_s[~live] = 0.0
+            self._held_s[~live] = np.inf
+
+    def take_spill(self) -> np.ndarray | None:
+        if not self._spill.any():
+            return None
+        out = self._spill.copy()
+        self._spill[:] = 0
+        return out
 
     # -- feedback --------------------------------------------------------------
 
@@ -1017,6 +1302,7 @@ class AdaptiveConsistentGrouping(VirtualWorkerGrouping):
         self.migrations += int((owner != self.vw_owner).sum())
         self.vw_owner = owner.copy()
         self.version = int(table.version)
+        self._set_bounds(table.share)
         self.adopted.append((self.clock(), self.version))
 
     # -- membership ------------------------------------------------------------
@@ -1029,12 +1315,29 @@ class AdaptiveConsistentGrouping(VirtualWorkerGrouping):
         owner = rebalance_joined(owner, target, joined)
         self.migrations += int((owner != self.vw_owner).sum())
         self.vw_owner = owner
+        self._live_mask = np.zeros(self.n_workers, dtype=bool)
+        self._live_mask[sorted(target)] = True
+        self._set_bounds(None)  # until the controller's next table: no bounds
+
+    def _set_bounds(self, share: np.ndarray | None) -> None:
+        """The admission bounds from a table's rate shares (``1 + admit``
+        times each worker's share; none without shares), and the recent
+        counts per worker recomputed for the table's owners."""
+        self._bounded = not (share is None or self.admit <= 0 or len(share) != self.n_workers)
+        if not self._bounded:
+            self._bound = np.full(self.n_workers, np.inf)
+        else:
+            self._bound = (1.0 + self.admit) * np.asarray(share, dtype=np.float64)
+            self._bound[[w for w in range(self.n_workers) if w not in self._alive]] = 0.0
+        self._w_recent = np.bincount(self.vw_owner, weights=self._vw_recent,
+                                     minlength=self.n_workers).astype(np.float64)
 
     # -- reporting -------------------------------------------------------------
 
     def stats(self) -> dict[str, Any]:
         s = super().stats()  # with vw_per_worker
         s["table_version"] = self.version
+        s["admission_spilled"] = int(self._recent_state[3])
         s["tables_adopted"] = [[float(t), int(v)] for t, v in self.adopted]
         return s
 

@@ -94,6 +94,23 @@ class Grouping(ABC):
         """VW-based schemes: the worker (``int32``) that owns each VW now."""
         raise NotImplementedError(f"scheme {self.name!r} has no virtual workers")
 
+    def on_held(self, held: np.ndarray, rate: np.ndarray, behind: bool = False,
+                rate_bound: np.ndarray | None = None) -> None:
+        """Coordinated schemes: before a routing step, the source's
+        unacknowledged messages per worker, each worker's drain rate as the
+        source measured it (``backpressure.DrainRates``; 0: unmeasured), and
+        whether the source is behind its input (its next batch, after this
+        step, already due: unpaced, or paced and late), and an upper bound
+        on each unmeasured worker's rate (``Outboxes.drain_bounds``). Others
+        ignore it."""
+        return None
+
+    def take_spill(self) -> np.ndarray | None:
+        """Coordinated schemes that route past a key's first choice (acg's
+        admission): per VW, first choices minus arrivals since the last call
+        (``RoutedReport.spill``); None when there were none."""
+        return None
+
     def on_table(self, table: Any) -> bool:
         """A coordinator's VW table arrived (``coordinated`` schemes); True if it
         was newer and taken: messages routed before and not yet sent should go

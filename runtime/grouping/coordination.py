@@ -19,10 +19,14 @@ FIRST_PLAN_S = 0.1
 
 @dataclass(frozen=True)
 class VwTable:
-    """A versioned VW -> worker table (what travels on commits and acks)."""
+    """A versioned VW -> worker table (what travels on commits and acks);
+    ``share``: each worker's share of the cluster's measured service rate
+    when the table was made (0 for departed workers; None: not measured -
+    the sources' admission bound is off)."""
 
     version: int
     owner: np.ndarray  # int32[B]
+    share: np.ndarray | None = None  # float64[n_workers]
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,7 +44,11 @@ class RoutedReport:
     now)`` (the VWs with any, and their counts); ``final``: the source's last
     report (its stream has ended and what it sent is committed);
     ``queued`` (only once the source has routed its whole input, before its
-    drain): the messages its outboxes hold per VW, routed and not sent."""
+    drain): the messages its outboxes hold per VW, routed and not sent;
+    ``spill`` (or None: none): per VW, the messages whose first PoRC choice
+    it was minus those routed to it, over the same window - the sources'
+    admission (``acg.porc_admit_route``) sent them elsewhere, so ``vw_counts
+    + spill`` is what the keys asked for, whatever the table."""
 
     since: float
     now: float
@@ -48,6 +56,7 @@ class RoutedReport:
     vw_counts: np.ndarray  # int64
     final: bool = False
     queued: np.ndarray | None = None  # int64, one per VW
+    spill: np.ndarray | None = None  # int64, one per VW
 
 
 class RateMeter:
@@ -79,17 +88,25 @@ class RoutedMeter:
 
     def __init__(self, n_virtual: int, since: float) -> None:
         self.counts = np.zeros(n_virtual, dtype=np.int64)
+        self.spill = np.zeros(n_virtual, dtype=np.int64)
         self.since = since
 
-    def routed(self, vws: np.ndarray) -> None:
-        self.counts += np.bincount(vws, minlength=len(self.counts))
+    def routed(self, vws: np.ndarray | None, spill: np.ndarray | None = None) -> None:
+        """Count ``vws`` (each message's VW) and ``spill`` (per VW, first
+        choices minus arrivals: ``RoutedReport``)."""
+        if vws is not None:
+            self.counts += np.bincount(vws, minlength=len(self.counts))
+        if spill is not None:
+            self.spill += spill
 
     def take(self, now: float, final: bool = False,
              queued: np.ndarray | None = None) -> RoutedReport:
         """The report over ``[since, now)``; the next window starts at ``now``.
         ``final``, ``queued``: as ``RoutedReport``'s."""
         ids = np.flatnonzero(self.counts).astype(np.int32)
-        out = RoutedReport(self.since, now, ids, self.counts[ids], final, queued)
+        spill = self.spill.copy() if self.spill.any() else None
+        out = RoutedReport(self.since, now, ids, self.counts[ids], final, queued, spill)
         self.counts = np.zeros_like(self.counts)
+        self.spill = np.zeros_like(self.spill)
         self.since = now
         return out
