@@ -79,6 +79,7 @@ from runtime.grouping.porc import (
     PROBES_PER_BIN,
     ProbeMemo,
     VirtualWorkerGrouping,
+    least_loaded,
     modulo_owner,
     validate_eps,
     validate_virtual_per_worker,
@@ -231,10 +232,7 @@ def porc_admit_route(
                     break
             i += 1
         if b0 < 0:  # rare: fall back to the least-loaded bin, which has room
-            b0 = np.int64(0)
-            for c2 in range(1, n_bins):
-                if loads[c2] < loads[b0]:
-                    b0 = np.int64(c2)
+            b0 = least_loaded(loads)
             p0 = i
         if b < 0:
             b = b0

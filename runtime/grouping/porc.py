@@ -46,6 +46,17 @@ MAX_EPS = 10.0
 
 
 @kernel(inline=True)
+def least_loaded(loads: np.ndarray) -> np.int64:  # pragma: no cover - compiled
+    """The first bin with the fewest messages: PoRC's fallback when no probe
+    found a bin under its bound (one always has room)."""
+    b = np.int64(0)
+    for c in range(1, loads.shape[0]):
+        if loads[c] < loads[b]:
+            b = np.int64(c)
+    return b
+
+
+@kernel(inline=True)
 def porc_core(
     key_hashes: np.ndarray,
     loads: np.ndarray,
@@ -93,10 +104,7 @@ def porc_core(
                 break
             i += 1
         if b < 0:  # rare: fall back to the least-loaded bin, which has room
-            b = np.int64(0)
-            for c2 in range(1, n_bins):
-                if loads[c2] < loads[b]:
-                    b = np.int64(c2)
+            b = least_loaded(loads)
         load = loads[b] + 1
         loads[b] = load
         # remember where this key's free bins start (probe i's bin may be full now)
