@@ -1326,7 +1326,7 @@ class AdaptiveConsistentGrouping(VirtualWorkerGrouping):
             self._bound = np.full(self.n_workers, np.inf)
         else:
             self._bound = (1.0 + self.admit) * np.asarray(share, dtype=np.float64)
-            self._bound[[w for w in range(self.n_workers) if w not in self._alive]] = 0.0
+            self._bound[~self._live_mask] = 0.0  # departed workers take nothing
         self._w_recent = np.bincount(self.vw_owner, weights=self._vw_recent,
                                      minlength=self.n_workers).astype(np.float64)
 
