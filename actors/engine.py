@@ -97,6 +97,23 @@ def inline_args_env() -> dict[str, str]:
     return {INLINE_ARGS_ENV: os.environ.get(INLINE_ARGS_ENV, str(INLINE_ARGS_BYTES))}
 
 
+def job_runtime_env(starts: bool, pythonpath: str,
+                    operator_env: dict[str, Any] | None = None) -> dict[str, Any] | None:
+    """The job's Ray runtime environment. On a cluster this process starts
+    (``starts``) only what a user's operator ships (``operator_env``), else
+    none: Ray's processes inherit this process's environment (``PYTHONPATH``)
+    and the system config (``ray_system_config``). A runtime environment
+    would cost every actor's process a round-trip to Ray's runtime-env agent,
+    one after another, and keep Ray's prestarted workers from serving the
+    job: 6 empty actors started in 2.8 s with one, 1.4-1.7 s without
+    (docs/benchmarks.md, "Where a run's time goes"). On a cluster we attach
+    to, the job brings ``PYTHONPATH`` and the inline-call setting along."""
+    env: dict[str, Any] = ({} if starts else
+                           {"env_vars": {"PYTHONPATH": pythonpath, **inline_args_env()}})
+    env.update(operator_env or {})
+    return env or None
+
+
 #: where ``ray.init`` logs its token-authentication notice (a WARNING on the
 #: console when ``RAY_AUTH_MODE`` is unset: "Token authentication is enabled
 #: for this Ray cluster. Set RAY_AUTH_MODE=disabled to opt out ...")
@@ -149,15 +166,16 @@ def engine_session(app_name: str, address: str | None = None, *,
     os.environ.setdefault("RAY_IGNORE_UNHANDLED_ERRORS", "1")
     pythonpath = os.pathsep.join(x for x in (str(ROOT), os.environ.get("PYTHONPATH")) if x)
     os.environ["PYTHONPATH"] = pythonpath  # workers started by this driver import our code
-    runtime_env: dict[str, Any] = {"env_vars": {"PYTHONPATH": pythonpath, **inline_args_env()}}
+    # a cluster we start pushes live metrics every second (runtime.top); an
+    # existing cluster keeps its own settings
+    starts = address is None and not os.environ.get("RAY_ADDRESS")
+    operator_env: dict[str, Any] = {}
     if topo is not None and topo.app.kind == "operator" and topo.app.operator:
         from runtime.operators import runtime_env_for
 
         # the user's operator reaches every node with the job (Ray's runtime environment)
-        runtime_env.update(runtime_env_for(topo.app.operator, topo.base_dir))
-    # a cluster we start pushes live metrics every second (runtime.top); an
-    # existing cluster keeps its own settings
-    starts = address is None and not os.environ.get("RAY_ADDRESS")
+        operator_env = runtime_env_for(topo.app.operator, topo.base_dir)
+    runtime_env = job_runtime_env(starts, pythonpath, operator_env)
     system_config = ray_system_config() if starts else {}
     # Spark's Python side (pyspark, RayDP, Ray Data: ~1-2 s of imports) loads
     # while Ray starts: RayDP itself needs Ray up, its modules do not

@@ -28,6 +28,19 @@ def test_a_users_setting_wins(monkeypatch, value: str) -> None:
     assert engine.inline_args_env() == {"RAY_max_direct_call_object_size": value}
 
 
+def test_a_cluster_we_start_gives_the_job_no_runtime_env(monkeypatch) -> None:
+    """Its processes inherit PYTHONPATH and the system config; a runtime env
+    would send every actor through Ray's runtime-env agent (issue 26)."""
+    monkeypatch.delenv(engine.INLINE_ARGS_ENV, raising=False)
+    assert engine.job_runtime_env(True, "/repo") is None
+    shipped = {"py_modules": ["/tmp/op.py"]}  # a user's operator still ships
+    assert engine.job_runtime_env(True, "/repo", shipped) == shipped
+    # a cluster we attach to did not inherit our environment: the job brings it
+    assert engine.job_runtime_env(False, "/repo", shipped) == {
+        "env_vars": {"PYTHONPATH": "/repo", "RAY_max_direct_call_object_size": "1048576"},
+        **shipped}
+
+
 def test_rays_token_auth_notice_goes_to_the_engine_log(tmp_path) -> None:
     """``ray.init`` with ``RAY_AUTH_MODE`` unset logs "Token authentication is
     enabled ..." at WARNING through Ray's console handler: inside
