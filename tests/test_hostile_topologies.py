@@ -41,6 +41,11 @@ ROOT = Path(__file__).resolve().parent.parent
 SHIPPED = sorted((ROOT / "topologies").glob("*.yaml"))
 #: the contract's "a second or two", with room for a loaded 2-core machine
 FAST_S = 2.0
+#: what "fast" is measured on: this process's CPU seconds, what the loader
+#: costs, not the wall clock, which other processes on a busy machine stretch
+#: (the largest legitimate list, 0.09 s alone, took over 2 s of wall time
+#: beside a CI run and another test suite)
+cost_clock = time.process_time
 
 
 @pytest.fixture(autouse=True)
@@ -54,10 +59,10 @@ def no_engine(monkeypatch: pytest.MonkeyPatch) -> None:
 def check_line(argv: list[str], capsys: pytest.CaptureFixture[str], prefix: str = "error: ") -> str:
     """``runtime.run ARGV`` in-process: exit 2, one short line, fast; the line
     after ``prefix``."""
-    t0 = time.monotonic()
+    t0 = cost_clock()
     with pytest.raises(SystemExit) as e:
         run_main(lambda: run_mod.main(argv))
-    took = time.monotonic() - t0
+    took = cost_clock() - t0
     cap = capsys.readouterr()
     lines = cap.err.splitlines()
     assert e.value.code == 2, (e.value.code, cap.out, cap.err[:500])
@@ -251,9 +256,9 @@ def test_a_megabyte_of_values_is_refused_fast(tmp_path: Path,
 def test_the_largest_legitimate_list_loads_fast(tmp_path: Path) -> None:
     p = tmp_path / "t.yaml"
     p.write_text("workers:\n  count: 10000\n  capacity: [" + ", ".join(["0.5"] * 10_000) + "]\n")
-    t0 = time.monotonic()
+    t0 = cost_clock()
     assert load_topology(p).workers.capacities() == [0.5] * 10_000
-    assert time.monotonic() - t0 < FAST_S
+    assert cost_clock() - t0 < FAST_S
 
 
 def test_legitimate_edges_still_load() -> None:
@@ -422,7 +427,7 @@ def test_fuzz_hostile_topologies(tmp_path_factory: pytest.TempPathFactory, text:
     exception; fast."""
     p = tmp_path_factory.mktemp("hz") / "t.yaml"
     p.write_text(text, encoding="utf-8", errors="surrogatepass")
-    t0 = time.monotonic()
+    t0 = cost_clock()
     try:
         topo = load_topology(p)
     except TopologyError as e:
@@ -430,7 +435,7 @@ def test_fuzz_hostile_topologies(tmp_path_factory: pytest.TempPathFactory, text:
         assert msg and "\n" not in msg and len(msg) <= MAX_MESSAGE, msg
     else:
         assert isinstance(topo, Topology)
-    assert time.monotonic() - t0 < FAST_S
+    assert cost_clock() - t0 < FAST_S
 
 
 def test_hostile_files_exit_2_from_real_processes_with_the_loaders_line(tmp_path: Path) -> None:
