@@ -158,8 +158,12 @@ def test_switching_the_scheme_drops_the_files_own_parameters_and_uses_the_block(
     assert t.grouping.ignored_params() == ["eps", "fish.epoch", "virtual_per_worker"]
     t = load_topology(doc, ["grouping.scheme=fish", "grouping.fish.decay=0.25"])
     assert t.grouping_params() == {"epoch": 100, "decay": 0.25}
-    t = load_topology(doc, ["grouping.scheme=chbl"])  # chbl takes eps too: kept
-    assert t.grouping_params() == {"eps": 0.1}
+    # chbl and acg take eps too, but the file's eps was written for cg: dropped
+    t = load_topology(doc, ["grouping.scheme=chbl"])
+    assert t.grouping_params() == {}
+    assert t.grouping.ignored_params() == ["eps", "fish.epoch", "virtual_per_worker"]
+    t = load_topology(doc, ["grouping.scheme=acg", "grouping.eps=3"])  # unless given again
+    assert t.grouping_params() == {"eps": 3}
     assert doc["grouping"]["scheme"] == "cg"  # the caller's dict is left alone
     # a parameter set on the command line must be the running scheme's
     with pytest.raises(TopologyError, match=r"^grouping.virtual_per_worker: not a parameter"):
