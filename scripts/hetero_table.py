@@ -47,7 +47,8 @@ def main() -> int:
 
     sat_topos = topologies(args.topology, [], schemes, None)
     off_topos = topologies(args.topology, [], schemes, args.offered)
-    with open_engine(args.engine, None, sat_topos[0]) as engine:
+    log_file = out / "engine.log" if args.engine == "ray" else None  # Spark's and Ray's own lines
+    with open_engine(args.engine, None, sat_topos[0], log_file) as engine:
         sat, _ = run_all(sat_topos, engine, out / "saturated", progress=False, say=say)
         off, _ = run_all(off_topos, engine, out / f"offered-{args.offered:g}", progress=False,
                          say=say)

@@ -150,10 +150,13 @@ def positive_int(option: str, value: int, low: int = 1) -> int:
 
 
 @contextlib.contextmanager
-def session(engine: str, app_name: str, address: str | None) -> Iterator[Engine]:
+def session(engine: str, app_name: str, address: str | None,
+            log_file: Path | None = None) -> Iterator[Engine]:
     """The engine every run inside the ``with`` shares: the simulator, or one
     Ray + RayDP Spark session (``actors.engine.RayEngine``; started once:
-    ~10-20 s, or the session already running in this process, left running)."""
+    ~10-20 s, or the session already running in this process, left running),
+    whose own messages (Spark's, the JVMs', Ray's start-up) go to ``log_file``
+    (default: the console)."""
     if engine == "sim":
         from runtime.sim import SimEngine
 
@@ -161,7 +164,9 @@ def session(engine: str, app_name: str, address: str | None) -> Iterator[Engine]
         return
     from actors.engine import RayEngine
 
-    with RayEngine(app_name, address) as ray_engine:
+    if log_file is not None:
+        log_file.parent.mkdir(parents=True, exist_ok=True)
+    with RayEngine(app_name, address, log_file=log_file) as ray_engine:
         yield ray_engine
 
 

@@ -262,7 +262,7 @@ def run_grid(cfg: dict[str, Any], engine_names: list[str], out: Path, *, address
             bar.write(m, file=sys.stderr)
 
         try:
-            with sc.session(engine, "stress-grid", address) as session:
+            with sc.session(engine, "stress-grid", address, out / "engine.log") as session:
                 for h, z in cells:
                     topos = [cell_topology(cfg, h, z, s) for s in cfg["schemes"]]
                     bar.set_postfix_str(f"{h.label} z={z:g}")

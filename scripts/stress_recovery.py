@@ -432,7 +432,7 @@ def run_all_scenarios(cfg: dict[str, Any], engine_names: list[str], out: Path, *
             bar.update(1)
 
         try:
-            with sc.session(engine, "stress-recovery", address) as session:
+            with sc.session(engine, "stress-recovery", address, out / "engine.log") as session:
                 for s in scen:
                     bar.set_postfix_str(s.name)
                     say(f"[{engine}] {s.name}: {s.what}; {s.messages:,} messages")
