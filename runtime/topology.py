@@ -433,8 +433,9 @@ def _check_scheme_block(name: str, block: Any) -> None:
 def _drop_switched_params(before: Any, data: dict[str, Any],
                           parsed: list[tuple[list[str], Any]]) -> list[str]:
     """An override switched the scheme (``--set grouping.scheme=kg``): drop the
-    file's flat parameters of its own scheme, those the new one takes too
-    (``GroupingSpec`` explains why); return their names."""
+    file's flat parameters (its own scheme's), also those the new one takes
+    too, unless the overrides give them (``GroupingSpec`` explains why);
+    return their names."""
     from runtime.grouping import SCHEMES, scheme_params
 
     after = data.get("grouping")
