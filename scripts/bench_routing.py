@@ -5,6 +5,12 @@ Routes ``--messages`` Zipf(``--skew``) key hashes in micro-batches of
 JIT compilation is excluded) and compares with a vectorized ``hash % n``
 baseline measured in the same run. Each number is the median of ``--repeat``
 repetitions. New schemes are picked up automatically from ``SCHEMES``.
+``acg+admission`` is acg as a source runs it once the controller's first
+table is in: the table carries rate shares (a quarter of the workers at 0.3),
+so every step first hands the grouping what this source holds per worker
+(``on_held``: here the last step's messages, unacknowledged) and the routing
+goes through the admission bounds (``porc_admit_route``); plain ``acg``
+(no table yet) routes with PoRC alone.
 
     python scripts/bench_routing.py [--messages 2000000] [--workers 8] [--batch 1000]
 """
@@ -16,10 +22,12 @@ import statistics
 import sys
 import time
 from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
 from runtime.grouping import SCHEMES, make_grouping
+from runtime.grouping.coordination import VwTable
 from runtime.hashing import hash_keys
 
 
@@ -39,6 +47,23 @@ def time_batches(route: Callable[[np.ndarray], np.ndarray], batches: list[np.nda
     for b in batches:
         route(b)
     return clock() - t0
+
+
+def admission_router(n: int) -> Callable[[np.ndarray], np.ndarray]:
+    """acg with a table that carries rate shares (``acg+admission``, above)."""
+    g: Any = make_grouping("acg", n_workers=n, seed=0)
+    caps = np.array([0.3 if w < max(1, n // 4) else 1.0 for w in range(n)])
+    g.adopt(VwTable(1, g.vw_owner.copy(), caps / caps.sum()))
+    rate = caps * 5000.0
+    held = np.zeros(n)
+
+    def route(b: np.ndarray) -> np.ndarray:
+        g.on_held(held, rate)
+        out: np.ndarray = g.route(b)
+        held[:] = np.bincount(out, minlength=n)
+        return out
+
+    return route
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -78,23 +103,25 @@ def main(argv: list[str] | None = None) -> int:
     base_s = statistics.median(time_batches(baseline, batches) for _ in range(args.repeat))
     base_ns = base_s / len(h) * 1e9
     rows = []
-    for i, name in enumerate(names, start=1):
-        print(f"[{i}/{len(names)}] {name} ...", file=sys.stderr, flush=True)
-        make_grouping(name, n_workers=n, seed=0).route(h[: 2 * args.batch])  # JIT warm-up
-        times = []
-        for _ in range(args.repeat):
-            g = make_grouping(name, n_workers=n, seed=0)
-            times.append(time_batches(g.route, batches))
+    routers: list[tuple[str, Callable[[], Callable[[np.ndarray], np.ndarray]]]] = [
+        (name, lambda name=name: make_grouping(name, n_workers=n, seed=0).route)
+        for name in names]
+    if "acg" in names:
+        routers.append(("acg+admission", lambda: admission_router(n)))
+    for i, (name, make) in enumerate(routers, start=1):
+        print(f"[{i}/{len(routers)}] {name} ...", file=sys.stderr, flush=True)
+        make()(h[: 2 * args.batch])  # JIT warm-up
+        times = [time_batches(make(), batches) for _ in range(args.repeat)]
         ns = statistics.median(times) / len(h) * 1e9
         rows.append((name, ns, ns / base_ns))
     print(
         f"{len(h):,} Zipf({args.skew}) messages over {args.keys:,} keys, "
         f"{n} workers, batches of {args.batch}, median of {args.repeat}, {args.clock} clock"
     )
-    print(f"{'scheme':<10} {'ns/msg':>8} {'x hash%n':>9}")
-    print(f"{'hash % n':<10} {base_ns:>8.1f} {1.0:>9.2f}")
+    print(f"{'scheme':<14} {'ns/msg':>8} {'x hash%n':>9}")
+    print(f"{'hash % n':<14} {base_ns:>8.1f} {1.0:>9.2f}")
     for name, ns, ratio in rows:
-        print(f"{name:<10} {ns:>8.1f} {ratio:>9.2f}")
+        print(f"{name:<14} {ns:>8.1f} {ratio:>9.2f}")
     return 0
 
 
