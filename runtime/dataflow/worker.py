@@ -140,9 +140,14 @@ class LoadMeter:
     under that lock, so that observations stay in time order.
     """
 
-    def __init__(self, queue_capacity: int, slot_s: float, t0: float, clock: Clock) -> None:
+    def __init__(self, queue_capacity: int, slot_s: float, t0: float, clock: Clock,
+                 stopped_clock: Clock | None = None) -> None:
+        """``stopped_clock``: the seconds this process has been kept stopped
+        (a duty-cycle throttle's; ``RateMeter`` then counts busy seconds as a
+        slow machine's), or None."""
         self.queue_capacity = int(queue_capacity)
         self.clock = clock
+        self.stopped_clock = stopped_clock
         self.q_batches = 0  # in the system: queued + in service
         self.q_msgs = 0
         self.slots = _Slots(slot_s)
@@ -152,8 +157,13 @@ class LoadMeter:
         """Start the timeline at ``t0``: empty slots and rate; the queue stays."""
         self.t0 = float(t0)
         self.last_t = self.rel(self.clock())
+        self.last_stopped = self._stopped()
+        self.window = (self.last_t, self.last_stopped)  # the rate report's start
         self.rate = RateMeter()
         self.slots = _Slots(self.slots.slot_s)
+
+    def _stopped(self) -> float:
+        return 0.0 if self.stopped_clock is None else float(self.stopped_clock())
 
     def rel(self, t: float) -> float:
         """Clock time ``t`` on the run's timeline."""
@@ -171,9 +181,11 @@ class LoadMeter:
         s = self.slots
         s.add_interval(s.queue_msgs_area, self.last_t, now_rel, self.q_msgs)
         s.add_interval(s.queue_batches_area, self.last_t, now_rel, self.q_batches)
+        stopped = self._stopped()
         if self.q_batches > 0:  # the rate meter's busy time: time with work
-            self.rate.working(now_rel - self.last_t)
+            self.rate.working(now_rel - self.last_t, stopped - self.last_stopped)
         self.last_t = max(self.last_t, now_rel)
+        self.last_stopped = stopped
 
     def change(self, d_batches: int, d_msgs: int) -> float:
         """The queue grew (or shrank) now; returns now on the timeline."""
@@ -204,7 +216,9 @@ class LoadMeter:
     def take_report(self) -> RateReport:
         """The rate meter's report up to now (then it starts afresh)."""
         self.account(self.now())
-        return self.rate.take()
+        t, stopped = self.window
+        self.window = (self.last_t, self.last_stopped)
+        return self.rate.take(self.last_t - t, self.last_stopped - stopped)
 
     def integrals(self, t: float) -> tuple[float, float]:
         """Since the start, up to clock time ``t``: queue length (batches) x
@@ -364,7 +378,8 @@ class WorkerCore:
         #: guards ``load``, ``_signals`` and the totals (latency, processed, batches)
         self._lock = threading.Lock()
         self.load = LoadMeter(st.queue_capacity_batches or st.queue_batches, st.slot_s,
-                              clock() if t0 is None else float(t0), clock)
+                              clock() if t0 is None else float(t0), clock,
+                              stopped_clock=stopped_clock)
         self._signals = SourceSignals(st.signals)
         self._cadence = FlushCadence(st.aggregate_every_s, st.report_every_s, clock())
         self._tables = TableRelay()

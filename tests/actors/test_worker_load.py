@@ -94,6 +94,36 @@ def test_rate_report_counts_time_with_work_only(fake_time) -> None:
     assert m.take_report() == RateReport(processed=0, busy_s=0.0)
 
 
+def test_a_duty_cycled_workers_busy_seconds_are_a_slow_machines(fake_time) -> None:
+    """With a stopped clock (a 0.3 duty cycle: stopped 0.7 s of every second),
+    busy seconds are counted over the share of the window the process ran:
+    a call served at full speed inside a running part, never stopped, is
+    0.1 s of running work but 0.1 / 0.3 s of a 0.3 machine's; saturated
+    (work all the time) the count is the window, as without the clock."""
+    ft = fake_time
+    stopped = [0.0]
+    m = LoadMeter(4, 1.0, ft.t, ft.clock, stopped_clock=lambda: stopped[0])
+    m.change(+1, 100)
+    ft.sleep(0.1)  # served while running
+    m.served(100, ft.t - 0.1, ft.t, binned(np.zeros(100)))
+    m.change(-1, -100)
+    ft.sleep(0.9)  # idle; the process was stopped 0.7 s of it
+    stopped[0] += 0.7
+    r = m.take_report()
+    assert (r.processed, r.busy_s) == (100, pytest.approx(0.1 / 0.3))
+    m.change(+1, 100)  # the next second: work all the time, stopped 0.7 s of it
+    ft.sleep(0.3)
+    stopped[0] += 0.7
+    ft.sleep(0.7)
+    r = m.take_report()
+    assert r.busy_s == pytest.approx(1.0)
+    # a window in which it ran under MIN_RUNNING_SHARE: busy seconds as they are
+    ft.sleep(0.01)
+    stopped[0] += 0.99
+    ft.sleep(0.99)
+    assert m.take_report().busy_s == pytest.approx(1.0)
+
+
 def test_each_source_gets_its_own_signaler_fed_the_same_samples() -> None:
     off = SourceSignals(None)
     assert not off.wants(0)
