@@ -74,13 +74,13 @@ class RateMeter:
     not slow at every moment: a call that fits in a running part is served
     at full speed, one that meets a stop waits it out. At partial load its
     busy time says 1.4-1.6x its capacity one window and less the next
-    (zipf-hetero at 0.8x on the real engine: 0.3 workers measured at
+    (wordcount-hetero at 0.8x on the real engine: 0.3 workers measured at
     1,700-1,970 msgs/s for 1,200). When the worker knows its stopped time
     (``working``'s ``stopped``, ``take``'s ``window_s`` and
     ``window_stopped_s``), its busy seconds are counted as a slow machine's:
     its running seconds with work over the share of the window it ran,
     ``(busy - stopped while busy) / (1 - stopped / window)`` - the window's
-    service rate is then the processes's running rate times its running
+    service rate is then the process's running rate times its running
     share, its capacity, at any load. Never stopped: busy seconds as they are."""
 
     def __init__(self) -> None:
