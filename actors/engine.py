@@ -166,9 +166,7 @@ def engine_session(app_name: str, address: str | None = None, *,
     os.environ.setdefault("RAY_IGNORE_UNHANDLED_ERRORS", "1")
     pythonpath = os.pathsep.join(x for x in (str(ROOT), os.environ.get("PYTHONPATH")) if x)
     os.environ["PYTHONPATH"] = pythonpath  # workers started by this driver import our code
-    # a cluster we start pushes live metrics every second (runtime.top); an
-    # existing cluster keeps its own settings
-    starts = address is None and not os.environ.get("RAY_ADDRESS")
+    starts = address is None and not os.environ.get("RAY_ADDRESS")  # a cluster of our own
     operator_env: dict[str, Any] = {}
     if topo is not None and topo.app.kind == "operator" and topo.app.operator:
         from runtime.operators import runtime_env_for
@@ -176,6 +174,8 @@ def engine_session(app_name: str, address: str | None = None, *,
         # the user's operator reaches every node with the job (Ray's runtime environment)
         operator_env = runtime_env_for(topo.app.operator, topo.base_dir)
     runtime_env = job_runtime_env(starts, pythonpath, operator_env)
+    # a cluster we start pushes live metrics every second (runtime.top); an
+    # existing cluster keeps its own settings
     system_config = ray_system_config() if starts else {}
     # Spark's Python side (pyspark, RayDP, Ray Data: ~1-2 s of imports) loads
     # while Ray starts: RayDP itself needs Ray up, its modules do not
