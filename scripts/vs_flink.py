@@ -1,6 +1,7 @@
 """Side by side with Apache Flink: the same jobs, the same data, the same cluster.
 
     python scripts/vs_flink.py [--quick] [--out DIR] [--workers 4] [--slow 2]
+    python scripts/vs_flink.py --install-only     # build Flink's venv, nothing else
 
 1. **count** - no emulated work, homogeneous: the same keyed count over the
    same CSV rows. End to end as a user waits for it (ours: ``python -m
@@ -28,7 +29,9 @@ one for the count job and then the keyed job (the count job runs no Python
 function in a TaskManager), a fresh one for each stateless job.
 Every result is checked against the exact answer (exit 1 if either engine is
 wrong); every process started here is stopped at the end, also on Ctrl-C.
-``--quick`` runs a short version of all three jobs (a few minutes).
+``--quick`` runs a short version of all three jobs (a few minutes);
+``--install-only`` builds Flink's venv and exits (CI does it in its set-up,
+beside installing Prometheus, so that the tests' time is the tests').
 """
 
 from __future__ import annotations
@@ -778,7 +781,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rows", type=int, default=None, help="records of jobs 2-3 (override)")
     p.add_argument("--count-rows", type=int, default=None, help="rows of job 1 (override)")
     p.add_argument("--timeout", type=float, default=1800, help="per run, seconds")
+    p.add_argument("--install-only", action="store_true",
+                   help="build Flink's venv (once; pip needs the package registry) and exit")
     args = p.parse_args(argv)
+    if args.install_only:
+        try:
+            say(f"flink: {ensure_flink()}")
+        except HarnessError as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 1
+        return 0
     sizes = QUICK if args.quick else FULL
     args.sizes = Sizes(args.count_rows or sizes.count_rows, args.rows or sizes.work_rows,
                        sizes.keys, sizes.service_us)
