@@ -51,6 +51,17 @@ def test_an_uninstallable_flink_fails_with_one_line(tmp_path: Path, monkeypatch)
     assert not (tmp_path / "venv").exists()  # nothing half-built left to be used
 
 
+def test_install_only_fails_with_one_line_and_exit_1(tmp_path: Path, monkeypatch,
+                                                     capsys) -> None:
+    monkeypatch.setenv("HETERO_FLINK_VENV", str(tmp_path / "venv"))
+    monkeypatch.setenv("PIP_CONFIG_FILE", os.devnull)
+    monkeypatch.setenv("PIP_NO_INDEX", "1")
+    assert vs_flink.main(["--install-only"]) == 1
+    err = capsys.readouterr().err.strip().splitlines()  # progress, then the error
+    assert err[-1].startswith("error: flink: ") and "pip install apache-flink==" in err[-1]
+    assert not (tmp_path / "venv").exists()
+
+
 @pytest.mark.e2e
 @pytest.mark.timeout(1500)
 def test_both_engines_exact_and_no_flink_process_left(tmp_path: Path) -> None:
