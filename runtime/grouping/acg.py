@@ -21,7 +21,8 @@ signalling:
   the real engine, in the engine itself in the simulator) turns the reports
   into a table: every ``epoch_s`` it re-estimates the rates (EWMA, time
   constant ``tau_s``, reset when two samples in a row deviate by more than
-  ``jump`` - a capacity change) and the per-VW loads (EWMA, time constant
+  ``jump`` - a capacity change, planned for at once: the report that confirms
+  it pulls the next plan forward) and the per-VW loads (EWMA, time constant
   ``load_tau_s``, reset when a VW's count leaves its estimate by
   ``LOAD_JUMP_Z`` standard errors and 2x, the same way two ticks in a row - a
   hot key that moved), and runs ``plan_table``:
@@ -651,6 +652,12 @@ class AcgController:
             # backlog now is <= 0, as it is)
             st.anchor = (float(now) - float(busy_s), before)
         st.prev_report = float(now)
+        if st.value and st.pending_jump and st.busy_s >= MIN_BUSY_S:
+            dev = (st.processed / st.busy_s - st.value) / st.value
+            if abs(dev) > self.jump and st.pending_jump * dev > 0:
+                # the second deviation in a row: a capacity change, known now -
+                # planned at once, not at the next epoch (up to ``epoch_s`` later)
+                self._next_plan = min(self._next_plan, float(now))
 
     def report_routed(self, source: int, since: float, now: float, vw_ids: np.ndarray,
                       vw_counts: np.ndarray, spill: np.ndarray | None = None) -> None:

@@ -623,3 +623,21 @@ def test_plan_counts_a_workers_extra_load() -> None:
     assert moved == 0
     new, moved = plan_table(owner, lam, rate, [0, 1], extra=np.array([0.0, 4.0]))
     assert moved == 2 and np.bincount(new, minlength=2).tolist() == [10, 6]
+
+
+def test_a_capacity_change_is_planned_at_the_report_that_confirms_it() -> None:
+    """The second deviating report in a row is a capacity change (the rate is
+    reset): the controller plans at once, not at its next epoch."""
+    sc = Script([1000.0] * 4, epoch_s=0.5)
+    for _ in range(12):  # reports every 0.25 s: every other one falls between plans
+        sc.epoch(dt=0.25)
+    assert sc.ctl._next_plan > sc.t + 0.2  # the last tick planned: the next is an epoch away
+    before = len(sc.tables)
+    sc.rates[0] = 400.0
+    sc.epoch(dt=0.25)  # the first deviation: maybe noise, no reset
+    assert sc.ctl.stats.rate_resets == 0
+    planned_at = sc.ctl._next_plan
+    sc.epoch(dt=0.25)  # the second, before the epoch's plan is due
+    assert sc.t < planned_at
+    assert sc.ctl.stats.rate_resets == 1
+    assert len(sc.tables) > before and sc.counts()[0] < R  # worker 0 gave VWs away
