@@ -110,6 +110,15 @@ class StoppedClock:
         data = os.pread(self._fd, _STOP_FMT.size, 0)
         return _STOP_FMT.unpack(data)[0] if len(data) == _STOP_FMT.size else 0.0
 
+    def rearm(self) -> None:
+        """Look for the throttler's file at the next call, not ``retry_s``
+        after the last miss: a run starts now, and its throttler published
+        before (``WorkerActor.start_run``). Without it, a worker built less
+        than ``retry_s`` before its run read no stops in its run's first
+        ``retry_s``, then all of them at once: its first rate reports said
+        it ran at up to twice its capacity."""
+        self._next_try = 0.0
+
     def close(self) -> None:
         if self._fd is not None:
             os.close(self._fd)

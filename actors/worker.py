@@ -193,6 +193,8 @@ class WorkerActor:
 
     def start_run(self, t0: float, run_id: str | None = None) -> None:
         """``run_id``: the run's name in live metrics (the driver passes its namespace)."""
+        if self._stopped_clock is not None:  # the throttler has published: read it now
+            self._stopped_clock.rearm()
         self.core.start_run(t0)
         if self._telemetry is None:
             from actors import telemetry

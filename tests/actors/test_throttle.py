@@ -81,6 +81,25 @@ def test_stopped_time_is_published_before_each_sigcont() -> None:
     assert not os.path.exists(throttle_mod.stopped_path(11))
 
 
+def test_a_stopped_clock_built_before_its_throttler_reads_it_once_rearmed() -> None:
+    """A worker is built before the run's throttler publishes; its run starts
+    after: ``rearm`` (at ``start_run``) reads the file at once, instead of
+    seeing no stop until ``retry_s`` after its miss and then all of them."""
+    clk = FakeTime(0.0)
+    clock12 = StoppedClock(12, retry_s=60.0)
+    assert clock12() == 0.0  # nothing published yet: a miss
+    th = DutyCycleThrottler(0.1, clock=clk.clock, kill=lambda pid, sig: None)
+    th.set_capacity(12, 0.3)
+    for _ in range(2):
+        th.cycle(clk.wait)
+    th.release()  # two stops of 70 ms published
+    assert clock12() == 0.0  # within retry_s of the miss: not looked for again
+    clock12.rearm()
+    assert clock12() == pytest.approx(0.14)
+    th.stop()
+    clock12.close()
+
+
 def test_schedule_applies_changes_at_their_time() -> None:
     clk = FakeTime(0.0)
     kill = FakeKill(clk.clock)
