@@ -622,6 +622,7 @@ class AcgController:
         self.finished = False  # a source reached its end: no more plans
         self.t0 = 0.0
         self._last_tick = 0.0
+        self._next_plan = math.inf  # when the next plan is due (``start``, ``tick``)
         self.stats = AcgStats()
         if t0 is not None:
             self.start(t0)
