@@ -559,6 +559,12 @@ class _Rate:
         """Whether it was idle in its latest report's window (``IDLE_BUSY``)."""
         return self.idle_frac > 1.0 - IDLE_BUSY
 
+    def confirms_jump(self, dev: float, jump: float) -> bool:
+        """Whether a sample ``dev`` (relative) off the estimate is the second
+        deviation beyond ``jump`` in a row, in the same direction: the
+        capacity changed."""
+        return abs(dev) > jump and self.pending_jump * dev > 0
+
 
 @dataclass
 class AcgStats:
@@ -653,12 +659,11 @@ class AcgController:
             # backlog now is <= 0, as it is)
             st.anchor = (float(now) - float(busy_s), before)
         st.prev_report = float(now)
-        if st.value and st.pending_jump and st.busy_s >= MIN_BUSY_S:
-            dev = (st.processed / st.busy_s - st.value) / st.value
-            if abs(dev) > self.jump and st.pending_jump * dev > 0:
-                # the second deviation in a row: a capacity change, known now -
-                # planned at once, not at the next epoch (up to ``epoch_s`` later)
-                self._next_plan = min(self._next_plan, float(now))
+        if (st.value and st.busy_s >= MIN_BUSY_S
+                and st.confirms_jump((st.processed / st.busy_s - st.value) / st.value, self.jump)):
+            # a capacity change, known now: planned at once, not at the next
+            # epoch (up to ``epoch_s`` later; ``_update_rates`` resets the rate)
+            self._next_plan = min(self._next_plan, float(now))
 
     def report_routed(self, source: int, since: float, now: float, vw_ids: np.ndarray,
                       vw_counts: np.ndarray, spill: np.ndarray | None = None) -> None:
@@ -794,8 +799,7 @@ class AcgController:
                 st.value, st.rel_var = sample, 0.0
             else:
                 dev = (sample - st.value) / st.value
-                if abs(dev) > self.jump and st.pending_jump * dev > 0:
-                    # two deviations in a row, same direction: the capacity changed
+                if st.confirms_jump(dev, self.jump):  # the capacity changed
                     st.value, st.seen_s, st.rel_var = sample, st.busy_s, 0.0
                     st.pending_jump = 0.0
                     self.stats.rate_resets += 1
