@@ -745,7 +745,8 @@ def run(args: argparse.Namespace) -> list[Row]:
                                 note=f"job {r['job_s']:.1f} s, client {r['wall_s']:.1f} s; "
                                      f"per subtask msgs/s {_rates(r['rates'])}"))
     if "stateless" in jobs:
-        for adaptive in (False, True):
+        for adaptive in {"both": (False, True), "plain": (False,),
+                         "adaptive": (True,)}[args.rebalance]:
             name = "rebalance+adaptive" if adaptive else "rebalance"
             with cluster_for(name.replace("+", "-")) as cluster:
                 load = loadavg()
@@ -778,6 +779,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--slow-capacity", type=float, default=0.3)
     p.add_argument("--skew", type=float, default=1.0, help="Zipf exponent of the keys")
     p.add_argument("--jobs", default="count,keyed,stateless")
+    p.add_argument("--rebalance", choices=("both", "plain", "adaptive"), default="both",
+                   help="the stateless job's Flink runs: rebalance with the adaptive "
+                        "partitioner off, on, or both (default; a fresh cluster each)")
     p.add_argument("--rows", type=int, default=None, help="records of jobs 2-3 (override)")
     p.add_argument("--count-rows", type=int, default=None, help="rows of job 1 (override)")
     p.add_argument("--timeout", type=float, default=1800, help="per run, seconds")
