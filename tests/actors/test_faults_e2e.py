@@ -321,7 +321,7 @@ def test_spark_lost_for_good_mid_run_still_verifies(tmp_path) -> None:
 
     root = Path(__file__).resolve().parents[2]
     spec = {"name": "spark-lost",
-            "input": {"format": "zipf", "messages": 200_000, "keys": 5_000, "skew": 1.0,
+            "input": {"format": "zipf", "messages": 120_000, "keys": 5_000, "skew": 1.0,
                       "seed": 3},
             "sources": 2, "workers": {"count": 4, "service_us": 20},
             "grouping": {"scheme": "acg"}, "app": {"kind": "wordcount"},
@@ -332,7 +332,7 @@ def test_spark_lost_for_good_mid_run_still_verifies(tmp_path) -> None:
     env.pop("RAY_ADDRESS", None)
 
     def processed() -> float:
-        found = re.findall(r"(\d+(?:\.\d+)?)(k?)/200k", err_path.read_text())
+        found = re.findall(r"(\d+(?:\.\d+)?)(k?)/120k", err_path.read_text())
         return float(found[-1][0]) * (1000 if found[-1][1] else 1) if found else 0.0
 
     with open(err_path, "w") as err:
@@ -341,7 +341,7 @@ def test_spark_lost_for_good_mid_run_still_verifies(tmp_path) -> None:
                                 stdout=subprocess.PIPE, stderr=err, text=True)
         try:
             deadline = time.time() + 300
-            while processed() < 40_000:  # streaming, a fifth done
+            while processed() < 24_000:  # streaming, a fifth done (~5 s left at 20k/s)
                 assert proc.poll() is None, err_path.read_text()[-3000:]
                 assert time.time() < deadline, "the run never started streaming"
                 time.sleep(0.2)
@@ -358,5 +358,5 @@ def test_spark_lost_for_good_mid_run_still_verifies(tmp_path) -> None:
     assert proc.returncode == 0, err_path.read_text()[-3000:]
     report = json.loads((out / "report.json").read_text())
     assert report["verify"]["equal"] is True, report["verify"]
-    assert report["messages"]["input"] == report["messages"]["processed"] == 200_000
+    assert report["messages"]["input"] == report["messages"]["processed"] == 120_000
     assert "verify: result.parquet equals Spark's" in stdout
