@@ -99,6 +99,10 @@ RECENT = 8
 NOISE_Z = 2.0
 #: a worker's rate sample needs at least this much busy time in its window
 MIN_BUSY_S = 0.02
+#: a plan moves a VW to a worker that never held it (so its keys' state goes
+#: to one more worker: replication) only for a bottleneck this much lower than
+#: the best move back to one that did (``plan_table``'s ``held``)
+HELD_PREFERENCE = 0.05
 #: a VW whose routed count is this many standard errors (and at least 2x) away
 #: from its estimate, in the same direction two ticks in a row, starts over
 #: from the last tick's count: a hot key moved
@@ -328,8 +332,11 @@ def bottleneck(owner: np.ndarray, vw_load: np.ndarray, rate: np.ndarray,
 
 
 def _search(owner: np.ndarray, lam: np.ndarray, r: np.ndarray, live: np.ndarray,
-            steps: int, min_step: float, extra: np.ndarray) -> np.ndarray:
-    """Local search for the min-max table (see ``plan_table``)."""
+            steps: int, min_step: float, extra: np.ndarray,
+            cost: np.ndarray | None) -> np.ndarray:
+    """Local search for the min-max table (see ``plan_table``); ``cost[v,
+    w]``: the factor on the score of a step that gives VW ``v`` to worker
+    ``w`` (None: 1 everywhere)."""
     n = len(r)
     new = owner.copy()
     load = np.bincount(new, weights=lam, minlength=n) + extra
@@ -340,15 +347,18 @@ def _search(owner: np.ndarray, lam: np.ndarray, r: np.ndarray, live: np.ndarray,
         b = int(np.argmax(util))
         ub = util[b]
         mine = np.flatnonzero(new == b)
-        best: tuple[float, int, int, int] | None = None  # (score, vw, to worker, swap vw)
+        # (score x cost, vw, to worker, swap vw)
+        best: tuple[float, int, int, int] | None = None
         if count[b] > 1:
             # move v (of b) to u: score = max(new util of b, new util of u)
             lv = lam[mine][:, None]
             score = np.maximum((load[b] - lv) / r[b], (load[others][None, :] + lv) / r[others])
             score[:, others == b] = np.inf
-            i, j = np.unravel_index(int(np.argmin(score)), score.shape)
+            pick = score if cost is None else np.where(  # (a step that improves)
+                score < ub * (1 - min_step), score * cost[np.ix_(mine, others)], np.inf)
+            i, j = np.unravel_index(int(np.argmin(pick)), score.shape)
             if score[i, j] < ub * (1 - min_step):
-                best = (float(score[i, j]), int(mine[i]), int(others[j]), -1)
+                best = (float(pick[i, j]), int(mine[i]), int(others[j]), -1)
         theirs = np.flatnonzero(live[new] & (new != b))
         if len(theirs):
             # swap v (of b) with v2 (of u = new[v2]), lighter than v
@@ -356,10 +366,14 @@ def _search(owner: np.ndarray, lam: np.ndarray, r: np.ndarray, live: np.ndarray,
             u = new[theirs]
             score = np.maximum((load[b] - d) / r[b], (load[u][None, :] + d) / r[u][None, :])
             score[d <= 0] = np.inf
-            i, j = np.unravel_index(int(np.argmin(score)), score.shape)
+            pick = score if cost is None else np.where(
+                score < ub * (1 - min_step),
+                score * np.maximum(cost[mine][:, u], cost[theirs, b][None, :]), np.inf)
+            i, j = np.unravel_index(int(np.argmin(pick)), score.shape)
             s = float(score[i, j])
-            if s < ub * (1 - min_step) and (best is None or s < best[0] * (1 - 1e-12)):
-                best = (s, int(mine[i]), int(u[j]), int(theirs[j]))
+            if s < ub * (1 - min_step) and (best is None or float(pick[i, j]) < best[0] * (
+                    1 - 1e-12)):
+                best = (float(pick[i, j]), int(mine[i]), int(u[j]), int(theirs[j]))
         if best is None:
             break
         _, v, u2, v2 = best
@@ -377,11 +391,12 @@ def _search(owner: np.ndarray, lam: np.ndarray, r: np.ndarray, live: np.ndarray,
 
 
 def _repair(owner: np.ndarray, lam: np.ndarray, r: np.ndarray, live: np.ndarray,
-            target: float, extra: np.ndarray) -> np.ndarray | None:
+            target: float, extra: np.ndarray, held: np.ndarray | None) -> np.ndarray | None:
     """Few moves from ``owner`` to a table whose bottleneck is ``<= target``:
     each worker over ``target * rate`` sheds VWs (the smallest one that ends
     its excess alone, else its largest) to the live worker they fit best
-    (least room left); None if a VW fits nowhere."""
+    (least room left) - among those that held the VW before, if any fits
+    (``held``); None if a VW fits nowhere."""
     n = len(r)
     new = owner.copy()
     load = np.bincount(new, weights=lam, minlength=n) + extra
@@ -404,6 +419,8 @@ def _repair(owner: np.ndarray, lam: np.ndarray, r: np.ndarray, live: np.ndarray,
             fits = np.flatnonzero(room >= -1e-12 * max(cap.max(), 1.0))
             if not len(fits):
                 return None
+            if held is not None and held[v, fits].any():
+                fits = fits[held[v, fits]]
             u = int(fits[np.argmin(room[fits])])
             new[v] = u
             load[b] -= lam[v]
@@ -414,13 +431,18 @@ def _repair(owner: np.ndarray, lam: np.ndarray, r: np.ndarray, live: np.ndarray,
 def plan_table(owner: np.ndarray, vw_load: np.ndarray, rate: np.ndarray,
                alive: Sequence[int], *, min_gain: float = 0.02, slack: float = 0.01,
                min_step: float = 0.005, max_steps: int | None = None,
-               extra: np.ndarray | None = None) -> tuple[np.ndarray, int]:
+               extra: np.ndarray | None = None, held: np.ndarray | None = None,
+               prefer: float = HELD_PREFERENCE) -> tuple[np.ndarray, int]:
     """A min-max VW allocation, reached with few moves from ``owner``.
 
     ``vw_load[v]``: VW ``v``'s load (any unit); ``rate[w]``: worker ``w``'s
     service rate (same unit per second; > 0 for live workers); ``extra[w]``
     (default 0): load of worker ``w`` that stays whatever its VWs (the
     controller's backlog-drain term), counted in every worker's utilization.
+    ``held[v, w]`` (optional, bool): worker ``w`` has held VW ``v`` - its
+    keys' state is there already, so giving ``v`` back to ``w`` adds no
+    replication; a step that gives a VW to a worker that never held it must
+    then score ``1 + prefer`` times better than one that does.
 
     1. Local search for the best bottleneck ``T*`` (``max_w load_w /
        rate_w``): repeatedly relieve the bottleneck worker ``b`` by the move
@@ -431,8 +453,9 @@ def plan_table(owner: np.ndarray, vw_load: np.ndarray, rate: np.ndarray,
     2. Hysteresis: nothing changes unless ``T*`` is at least ``min_gain``
        below the current bottleneck.
     3. Few moves: a repair from ``owner`` to the target ``min(T* (1 + slack),
-       current (1 - min_gain))`` (overloaded workers shed VWs, best fit) is
-       used when it moves fewer VWs than the search's table.
+       current (1 - min_gain))`` (overloaded workers shed VWs, best fit, to
+       a worker that held them when one fits) is used when it moves fewer
+       VWs than the search's table.
 
     A worker never gives its last VW; ties break on the lowest ids, so the
     result is a function of the inputs alone. Returns ``(table, moved VWs)``
@@ -454,13 +477,14 @@ def plan_table(owner: np.ndarray, vw_load: np.ndarray, rate: np.ndarray,
         return float(((np.bincount(table, weights=lam, minlength=n) + ext) / r)[live].max())
 
     before = worst(cur)
+    cost = None if held is None or prefer <= 0 else np.where(held, 1.0, 1.0 + prefer)
     best = _search(cur, lam, r, live, max_steps if max_steps is not None else 4 * len(cur),
-                   min_step, ext)
+                   min_step, ext, cost)
     t_best = worst(best)
     if not t_best <= before * (1.0 - min_gain):
         return cur, 0
     fixed = _repair(cur, lam, r, live, min(t_best * (1 + slack), before * (1 - min_gain)),
-                    ext)
+                    ext, None if cost is None else held)
     if fixed is not None and (fixed != cur).sum() < (best != cur).sum():
         best = fixed
     return best, int((best != cur).sum())
@@ -606,6 +630,9 @@ class AcgController:
         self.drain_s = float(drain_s)  # 0: backlogs do not count in plans
         self.alive = set(range(self.n_workers)) if alive is None else {int(w) for w in alive}
         self.owner = initial_table(self.n_workers, self.n_virtual, self.alive)
+        #: [v, w]: worker ``w`` has held VW ``v`` (its keys' state is there)
+        self.held = np.zeros((self.n_virtual, self.n_workers), dtype=bool)
+        self.held[np.arange(self.n_virtual), self.owner] = True
         self.version = 0
         self._share: np.ndarray | None = None  # the rate shares the table was made with
         self.rates = [_Rate() for _ in range(self.n_workers)]
@@ -751,6 +778,7 @@ class AcgController:
             return None
         self.alive.add(w)
         self.rates[w] = _Rate()  # starts at the mean rate (see _rate_vector)
+        self.held[:, w] = False  # a new process: none of the state it had
         if self.started:
             # its backlog counts from now (arrivals before belong to others)
             t = self._arr_t[-1] if self._arr_t else self._last_tick
@@ -1010,7 +1038,7 @@ class AcgController:
                                                        minlength=self.n_workers), 0.0)
         alive = sorted(self.alive)
         owner, moved = plan_table(self.owner, movable, rate, alive, min_gain=self.min_gain,
-                                  extra=stay)
+                                  extra=stay, held=self.held)
         if not moved:
             return
         self.stats.moves += moved
@@ -1056,7 +1084,8 @@ class AcgController:
         extra = self._drain(rate)
         needed = self._gain_needed(lam, rate, extra)
         alive = sorted(self.alive)
-        owner, moved = plan_table(self.owner, lam, rate, alive, min_gain=needed, extra=extra)
+        owner, moved = plan_table(self.owner, lam, rate, alive, min_gain=needed, extra=extra,
+                                  held=self.held)
         if not moved:
             return None
         self.stats.moves += moved
@@ -1072,6 +1101,7 @@ class AcgController:
         if not moved:
             return None
         self.owner = owner.astype(np.int32)
+        self.held[np.arange(self.n_virtual), self.owner] = True
         self.version += 1
         self._share = self._rate_share()
         if self.started:

@@ -40,9 +40,10 @@ def proportional(rates: list[float], n_virtual: int) -> np.ndarray:
     per=st.integers(1, 12),
     seed=st.integers(0, 10_000),
     gain=st.sampled_from([0.0, 0.02, 0.1]),
+    with_held=st.booleans(),
 )
 def test_plan_never_strips_a_worker_and_never_gets_worse(n: int, per: int, seed: int,
-                                                          gain: float) -> None:
+                                                          gain: float, with_held: bool) -> None:
     rng = np.random.default_rng(seed)
     b = n * per
     owner = rng.integers(0, n, size=b).astype(np.int32)
@@ -50,7 +51,8 @@ def test_plan_never_strips_a_worker_and_never_gets_worse(n: int, per: int, seed:
     lam = rng.uniform(0.05, 3.0, size=b)
     rate = rng.uniform(0.1, 5.0, size=n)
     alive = list(range(n))
-    new, moved = plan_table(owner, lam, rate, alive, min_gain=gain)
+    held = rng.random((b, n)) < 0.3 if with_held else None
+    new, moved = plan_table(owner, lam, rate, alive, min_gain=gain, held=held)
     assert np.bincount(new, minlength=n).min() >= 1
     assert moved == int((new != owner).sum())
     before, after = bottleneck(owner, lam, rate, alive), bottleneck(new, lam, rate, alive)
@@ -58,7 +60,7 @@ def test_plan_never_strips_a_worker_and_never_gets_worse(n: int, per: int, seed:
         assert after <= before * (1 - gain) + 1e-12  # hysteresis
     else:
         np.testing.assert_array_equal(new, owner)
-    again, _ = plan_table(owner, lam, rate, alive, min_gain=gain)
+    again, _ = plan_table(owner, lam, rate, alive, min_gain=gain, held=held)
     np.testing.assert_array_equal(again, new)  # a function of its inputs: sources agree
 
 
@@ -89,6 +91,37 @@ def test_plan_gives_nothing_to_a_departed_worker() -> None:
     new, _ = plan_table(owner, np.ones(n * R), rates, [0, 1, 2, 4])
     assert 3 not in new
     assert np.bincount(new, minlength=n)[[0, 1, 2, 4]].min() >= 1
+
+
+def test_plan_gives_a_vw_back_to_a_worker_that_held_it() -> None:
+    """Worker 0 holds 4 of 6 equal VWs, workers 1 and 2 one each: two VWs must
+    go. VW 2 was on worker 2 before and VW 3 on worker 1 (their keys' state is
+    there): the plan moves those two back, not the lowest ids to new workers
+    (replication), with the same bottleneck."""
+    owner = np.array([0, 0, 0, 0, 1, 2], dtype=np.int32)
+    lam, rate = np.ones(6), np.ones(3)
+    held = np.zeros((6, 3), dtype=bool)
+    held[np.arange(6), owner] = True
+    held[2, 2] = held[3, 1] = True
+    blind, _ = plan_table(owner, lam, rate, [0, 1, 2])
+    assert list(blind) == [1, 2, 0, 0, 1, 2]  # ties break on the lowest ids
+    new, moved = plan_table(owner, lam, rate, [0, 1, 2], held=held)
+    assert moved == 2 and list(new) == [0, 0, 2, 1, 1, 2]
+    assert held[np.arange(6), new].all()  # no VW on a worker that never held it
+    assert bottleneck(new, lam, rate, [0, 1, 2]) == bottleneck(blind, lam, rate, [0, 1, 2])
+
+
+def test_the_controller_remembers_which_workers_held_each_vw() -> None:
+    """``held``: the first table's owners, then every table's; a worker that
+    joins again is a new process and holds nothing."""
+    ctl = AcgController(3, 3 * R)
+    first = ctl.owner.copy()
+    assert ctl.held.sum() == 3 * R and ctl.held[np.arange(3 * R), first].all()
+    ctl.remove_worker(2)
+    assert ctl.held[np.arange(3 * R), ctl.owner].all()
+    assert ctl.held[:, 2].sum() == R  # what it held before it left
+    ctl.add_worker(2)
+    assert ctl.held[:, 2].sum() == int((ctl.owner == 2).sum())  # only what it got back
 
 
 # ----------------------------------------------------------------------------- membership
