@@ -630,9 +630,10 @@ class AcgController:
         self.drain_s = float(drain_s)  # 0: backlogs do not count in plans
         self.alive = set(range(self.n_workers)) if alive is None else {int(w) for w in alive}
         self.owner = initial_table(self.n_workers, self.n_virtual, self.alive)
-        #: [v, w]: worker ``w`` has held VW ``v`` (its keys' state is there)
-        self.held = np.zeros((self.n_virtual, self.n_workers), dtype=bool)
-        self.held[np.arange(self.n_virtual), self.owner] = True
+        #: [v, w]: worker ``w`` has held VW ``v`` (its keys' state is there).
+        #: Replaced, never written in place: the controller reaches the
+        #: aggregator through Ray, whose numpy arrays come back read-only
+        self.held = self.owner[:, None] == np.arange(self.n_workers)
         self.version = 0
         self._share: np.ndarray | None = None  # the rate shares the table was made with
         self.rates = [_Rate() for _ in range(self.n_workers)]
@@ -778,7 +779,7 @@ class AcgController:
             return None
         self.alive.add(w)
         self.rates[w] = _Rate()  # starts at the mean rate (see _rate_vector)
-        self.held[:, w] = False  # a new process: none of the state it had
+        self.held = self.held & (np.arange(self.n_workers) != w)  # a new process: no state
         if self.started:
             # its backlog counts from now (arrivals before belong to others)
             t = self._arr_t[-1] if self._arr_t else self._last_tick
@@ -1101,7 +1102,7 @@ class AcgController:
         if not moved:
             return None
         self.owner = owner.astype(np.int32)
-        self.held[np.arange(self.n_virtual), self.owner] = True
+        self.held = self.held | (self.owner[:, None] == np.arange(self.n_workers))
         self.version += 1
         self._share = self._rate_share()
         if self.started:

@@ -5,6 +5,8 @@ and no worker ever loses its last virtual worker."""
 
 from __future__ import annotations
 
+import pickle
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -122,6 +124,27 @@ def test_the_controller_remembers_which_workers_held_each_vw() -> None:
     assert ctl.held[:, 2].sum() == R  # what it held before it left
     ctl.add_worker(2)
     assert ctl.held[:, 2].sum() == int((ctl.owner == 2).sum())  # only what it got back
+
+
+def test_a_controller_that_came_through_rays_object_store_plans() -> None:
+    """The driver builds the controller and Ray hands it to the aggregator
+    with its numpy arrays read-only (pickle protocol 5, buffers out of band):
+    it must never write one of them in place. (``held`` once was, so every
+    plan raised in the aggregator's commit, the workers lost those commits'
+    answers, and a real run hung; the simulator never pickles it.)"""
+    n = 4
+    sc = Script([1000.0, 1000.0, 1000.0, 250.0])
+    bufs: list[pickle.PickleBuffer] = []
+    data = pickle.dumps(AdaptiveConsistentGrouping.coordinator(n, {"virtual_per_worker": R}),
+                        protocol=5, buffer_callback=bufs.append)
+    sc.ctl = pickle.loads(data, buffers=[b.raw().toreadonly() for b in bufs])
+    assert not sc.ctl.held.flags.writeable and not sc.ctl.owner.flags.writeable
+    sc.ctl.start(0.0)
+    for _ in range(4):
+        sc.epoch()
+    assert sc.tables and sc.counts()[3] < R  # planned: the slow worker gave VWs away
+    assert sc.ctl.held[np.arange(n * R), sc.ctl.owner].all()
+    assert sc.ctl.remove_worker(3) is not None and sc.ctl.add_worker(3) is not None
 
 
 # ----------------------------------------------------------------------------- membership
