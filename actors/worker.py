@@ -142,14 +142,16 @@ class WorkerActor:
                 if answer.verdict is Verdict.FENCED:
                     os._exit(1)  # declared dead; sources replayed our uncommitted work
                 table, committed = answer.table, answer.committed_seq
-            except Exception as e:  # noqa: BLE001 - the aggregator is gone: nothing commits
-                # (the driver notices its death and restarts the run)
+            except self._ray.exceptions.RayActorError:
+                pass  # the aggregator is gone: nothing commits (the driver notices its
+                # death and restarts the run)
+            except Exception as e:  # noqa: BLE001 - the commit itself failed: this flush
+                # is not committed and none after it can be, so the run cannot finish;
+                # every call says so from now on (waiting would hang the run)
                 from runtime.operators import find_operator_error
 
-                op_error = find_operator_error(e)
-                if op_error is not None:  # the operator failed merging our flush: the run
-                    self._crash = op_error  # cannot finish; every call says so from now on
-                    self.core.fail(op_error)
+                self._crash = find_operator_error(e) or e  # the operator's merge, or a bug
+                self.core.fail(self._crash)
             self.core.on_table(table)
             self.core.on_committed(committed)
             with self._commit_lock:

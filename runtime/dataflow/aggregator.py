@@ -64,13 +64,6 @@ class AggregatorCore:
         """Commit a worker's flush; the answer carries the verdict, the
         worker's committed sequence and the coordinator's current table."""
         admitted = self.ledger.admit(flush)
-        table = None
-        if self.coordinator is not None:
-            now = self.clock()
-            if flush.report is not None and admitted != "fenced":
-                self.coordinator.report_from(flush.worker, flush.report, now)
-            self.coordinator.tick(now)
-            table = self.coordinator.table()
         if admitted == "gap":
             self._early.setdefault(flush.worker, {})[flush.seq] = flush
             verdict = Verdict.PENDING
@@ -84,6 +77,13 @@ class AggregatorCore:
             verdict = Verdict.COMMIT
         else:
             verdict = Verdict(admitted)
+        table = None
+        if self.coordinator is not None:  # after the flush is applied: a coordinator
+            now = self.clock()  # that fails loses no committed data
+            if flush.report is not None and admitted != "fenced":
+                self.coordinator.report_from(flush.worker, flush.report, now)
+            self.coordinator.tick(now)
+            table = self.coordinator.table()
         return CommitAnswer(verdict, self.ledger.committed_seq.get(flush.worker, 0), table)
 
     def _apply(self, flush: Flush) -> None:

@@ -554,8 +554,8 @@ class WorkerCore:
 
     def maybe_flush(self, force: bool = False) -> bool:
         now = self.clock()
-        if not force and not self._cadence.due(now):
-            return False
+        if self._dead is not None or (not force and not self._cadence.due(now)):
+            return False  # (a failed worker's flushes could never commit)
         with self._proc_lock:  # the sink is called in sequence order
             self._cadence.flushed(now)
             flush = self.claims.close(self.worker_id, self.app.flush())

@@ -93,6 +93,29 @@ def test_source_to_workers_to_aggregator_is_exact(scheme: str) -> None:
         assert sum(w.distinct_keys for w in workers) == len(set(data))
 
 
+def test_a_coordinator_that_fails_loses_no_committed_flush() -> None:
+    """The aggregator applies a flush before it asks the coordinator for a
+    plan: a coordinator that raises (a bug) fails the commit call - the
+    worker then fails the run - but what was committed stays committed (it
+    was once admitted and never applied, and every later flush of that
+    worker waited for it)."""
+    ft = FakeTime()
+    flushes: list = []
+    (w,) = make_workers(1, ft, flushes)
+    w.enqueue(0, [Part.of(pa.array(["a", "b", "a"]), ft.t)])
+    assert w.step(0) and w.maybe_flush(force=True)
+
+    class Broken:
+        def tick(self, now: float) -> None:
+            raise ValueError("a bug in the plan")
+
+    agg = AggregatorCore(AggregatorSettings({"kind": "wordcount"}), Broken())
+    with pytest.raises(ValueError, match="a bug in the plan"):
+        agg.commit(flushes[0])
+    assert agg.committed_seq(0) == flushes[0].seq
+    assert dict(zip(*agg.result().to_pydict().values(), strict=True)) == {"a": 2, "b": 1}
+
+
 def test_service_time_and_latency_are_per_message() -> None:
     ft = FakeTime()
     w = WorkerCore(0, WorkerApp(builtin_operator("wordcount")), WorkerSettings(service_us=1000.0),

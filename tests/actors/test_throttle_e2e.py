@@ -98,7 +98,9 @@ try:
     class _SinkActor:
         """Swallows partial results (this test measures rates, not answers)."""
 
-        def commit(self, flush) -> tuple[str, int]:
-            return "commit", flush.seq  # the aggregator's protocol, nothing kept
+        def commit(self, flush):
+            from runtime.dataflow.messages import CommitAnswer, Verdict
+
+            return CommitAnswer(Verdict.COMMIT, flush.seq)  # the protocol, nothing kept
 except ImportError:  # pragma: no cover
     pass
