@@ -29,7 +29,9 @@ signalling:
   the integer min-max allocation of VWs (smallest ``max_w load_w / rate_w``)
   by local search from the current table (moves, then swaps), applied only
   when the predicted bottleneck improves by at least ``min_gain``
-  (hysteresis: a balanced cluster makes no moves). Each new table has a
+  (hysteresis: a balanced cluster makes no moves), giving a VW back to a
+  worker that held it before (its keys' state is there) unless a new one is
+  ``HELD_PREFERENCE`` better. Each new table has a
   version; it travels back to the workers with the commit answers and from
   them, on acks, to the sources, which adopt any newer version
   (``on_ack(..., table=...)``).
@@ -331,6 +333,16 @@ def bottleneck(owner: np.ndarray, vw_load: np.ndarray, rate: np.ndarray,
     return float((load[a] / rate[a]).max())
 
 
+def _best_step(score: np.ndarray, limit: float,
+               cost: np.ndarray | None) -> tuple[int, int, float]:
+    """Among the steps whose ``score`` is below ``limit`` (they improve), the
+    one with the smallest ``score x cost``: its index and that value (inf:
+    no step improves)."""
+    p = np.where(score < limit, score if cost is None else score * cost, np.inf)
+    i, j = np.unravel_index(int(np.argmin(p)), p.shape)
+    return int(i), int(j), float(p[i, j])
+
+
 def _search(owner: np.ndarray, lam: np.ndarray, r: np.ndarray, live: np.ndarray,
             steps: int, min_step: float, extra: np.ndarray,
             cost: np.ndarray | None) -> np.ndarray:
@@ -347,6 +359,7 @@ def _search(owner: np.ndarray, lam: np.ndarray, r: np.ndarray, live: np.ndarray,
         b = int(np.argmax(util))
         ub = util[b]
         mine = np.flatnonzero(new == b)
+        limit = ub * (1 - min_step)  # a step must lower b's utilization this far
         # (score x cost, vw, to worker, swap vw)
         best: tuple[float, int, int, int] | None = None
         if count[b] > 1:
@@ -354,11 +367,10 @@ def _search(owner: np.ndarray, lam: np.ndarray, r: np.ndarray, live: np.ndarray,
             lv = lam[mine][:, None]
             score = np.maximum((load[b] - lv) / r[b], (load[others][None, :] + lv) / r[others])
             score[:, others == b] = np.inf
-            pick = score if cost is None else np.where(  # (a step that improves)
-                score < ub * (1 - min_step), score * cost[np.ix_(mine, others)], np.inf)
-            i, j = np.unravel_index(int(np.argmin(pick)), score.shape)
-            if score[i, j] < ub * (1 - min_step):
-                best = (float(pick[i, j]), int(mine[i]), int(others[j]), -1)
+            i, j, s = _best_step(score, limit,
+                                 None if cost is None else cost[np.ix_(mine, others)])
+            if s < np.inf:
+                best = (s, int(mine[i]), int(others[j]), -1)
         theirs = np.flatnonzero(live[new] & (new != b))
         if len(theirs):
             # swap v (of b) with v2 (of u = new[v2]), lighter than v
@@ -366,14 +378,10 @@ def _search(owner: np.ndarray, lam: np.ndarray, r: np.ndarray, live: np.ndarray,
             u = new[theirs]
             score = np.maximum((load[b] - d) / r[b], (load[u][None, :] + d) / r[u][None, :])
             score[d <= 0] = np.inf
-            pick = score if cost is None else np.where(
-                score < ub * (1 - min_step),
-                score * np.maximum(cost[mine][:, u], cost[theirs, b][None, :]), np.inf)
-            i, j = np.unravel_index(int(np.argmin(pick)), score.shape)
-            s = float(score[i, j])
-            if s < ub * (1 - min_step) and (best is None or float(pick[i, j]) < best[0] * (
-                    1 - 1e-12)):
-                best = (float(pick[i, j]), int(mine[i]), int(u[j]), int(theirs[j]))
+            i, j, s = _best_step(score, limit, None if cost is None else np.maximum(
+                cost[mine][:, u], cost[theirs, b][None, :]))
+            if s < np.inf and (best is None or s < best[0] * (1 - 1e-12)):
+                best = (s, int(mine[i]), int(u[j]), int(theirs[j]))
         if best is None:
             break
         _, v, u2, v2 = best
