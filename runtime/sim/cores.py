@@ -25,12 +25,16 @@ the period's end (``DutyCycle``: the stopped seconds the worker's service
 emulator reads, as from the real throttler's ``StoppedClock``); ``service``
 scales the service time by the capacity. A call from a source reaches its
 worker at once and an ack its source at once (the CPU a call costs the
-source is modelled, Ray's network is not).
+source is modelled, Ray's network is not) - but a stopped worker takes in
+no call: as a SIGSTOPped process, it counts a call sent while it is stopped
+in its queue only when it runs again (``_Inbox``). That is what its
+utilization, and with it CG's signals, see on the real engine.
 """
 
 from __future__ import annotations
 
 import bisect
+import collections
 import dataclasses
 import functools
 import itertools
@@ -182,34 +186,86 @@ class _Stop(BaseException):
     """Another thread failed: this one unwinds."""
 
 
+class _Call:
+    """A call on its way to a worker: its ``QueuedCall`` once delivered."""
+
+    __slots__ = ("queued",)
+
+    def __init__(self) -> None:
+        self.queued: Any = None
+
+    def done(self) -> bool:
+        return self.queued is not None and self.queued.done.is_set()
+
+
+class _Inbox:
+    """What reaches a duty-cycled worker while it is stopped: a stopped process
+    takes in no call (Ray delivers it, and the worker counts it in its queue,
+    when the process runs again), so a call sent then is enqueued at the
+    worker's next running moment (``DutyCycle.resume_at``), in send order. A
+    thread of its own on the virtual clock does the deliveries."""
+
+    def __init__(self, vt: VirtualTime, core: WorkerCore, duty: DutyCycle) -> None:
+        self.vt, self.core, self.duty = vt, core, duty
+        self.waiting: collections.deque[tuple[float, int, list[Part], _Call]] = (
+            collections.deque())
+
+    def send(self, source: int, parts: list[Part], call: _Call) -> None:
+        at = self.duty.resume_at(self.vt.now - self.duty.t0) + self.duty.t0
+        if not self.waiting and at <= self.vt.now:  # running: at once
+            call.queued = self.core.enqueue(source, parts)
+        else:  # (behind the calls already waiting: in send order)
+            self.waiting.append((max(at, self.waiting[-1][0]) if self.waiting else at,
+                                 source, parts, call))
+
+    def deliver(self, running: Callable[[], bool]) -> None:
+        """The inbox's thread: until the sources have ended (and all is delivered)."""
+        waiting, vt = self.waiting, self.vt
+        while True:
+            vt.wait_until(lambda: bool(waiting) or not running())
+            if not waiting:
+                return
+            at, source, parts, call = waiting[0]
+            if at > vt.now:
+                vt.sleep(at - vt.now)
+            waiting.popleft()
+            call.queued = self.core.enqueue(source, parts)
+
+
 class _Transport:
     """A source's calls, in-process: ``send`` queues a call at its worker (the
-    source pays ``SEND_S_PER_CALL``); ``wait`` blocks until one is acked."""
+    source pays ``SEND_S_PER_CALL``) - through the worker's ``_Inbox`` when
+    it is duty-cycled; ``wait`` blocks until one is acked."""
 
-    def __init__(self, vt: VirtualTime, workers: Sequence[WorkerCore], source: int) -> None:
-        self.vt, self.workers, self.source = vt, workers, source
-        self.calls: dict[int, Any] = {}
+    def __init__(self, vt: VirtualTime, workers: Sequence[WorkerCore], source: int,
+                 inboxes: Sequence[_Inbox | None]) -> None:
+        self.vt, self.workers, self.source, self.inboxes = vt, workers, source, inboxes
+        self.calls: dict[int, _Call] = {}
         self._tokens = itertools.count()
 
     def send(self, worker: int, parts: list[Part]) -> int:
         self.vt.sleep(SEND_S_PER_CALL)
         tok = next(self._tokens)
-        self.calls[tok] = self.workers[worker].enqueue(self.source, parts)
+        call = self.calls[tok] = _Call()
+        inbox = self.inboxes[worker]
+        if inbox is None:
+            call.queued = self.workers[worker].enqueue(self.source, parts)
+        else:
+            inbox.send(self.source, parts, call)
         return tok
 
     def wait(self, tokens: Sequence[int], timeout: float | None) -> list[tuple[int, Any]]:
-        calls = [(t, self.calls[t]) for t in tokens]
-        done_flags = [c.done.is_set for _, c in calls]
+        calls = [self.calls[t] for t in tokens]
 
         def ready() -> bool:  # (checked on every hand-over while this source waits)
-            for is_set in done_flags:
-                if is_set():
+            for c in calls:
+                if c.done():
                     return True
             return False
 
         self.vt.wait_until(ready, timeout)
-        done = [t for t, c in calls if c.done.is_set()]
-        return [(t, self.calls.pop(t).ack) for t in done]
+        done = [t for t, c in zip(tokens, calls, strict=True) if c.done()]
+        return [(t, self.calls.pop(t).queued.ack) for t in done]
 
 
 class _Control:
@@ -298,6 +354,16 @@ class DutyCycle:
                 left -= on_end - at
             at = (k + 1) * p
 
+    def never_stopped(self) -> bool:
+        """Full speed from start to end (a capacity of 1 throughout)."""
+        return min(self._caps) >= 1.0
+
+    def resume_at(self, t: float) -> float:
+        """The first moment at or after ``t`` at which the worker runs."""
+        p = self.period_s
+        k = max(0, math.floor(t / p + 1e-9))
+        return t if t < (k + self.capacity(k)) * p else (k + 1) * p
+
     def stopped(self, t: float) -> float:
         """Seconds stopped in ``[0, t)``."""
         p = self.period_s
@@ -353,6 +419,7 @@ def simulate_cores(topo: Topology, inp: SimInput, *, block_rows: int | None = No
         return commit
 
     t0 = vt.now
+    inboxes: list[_Inbox | None] = []
     for w in range(n):
         duty = (None if settings.workers[w].throttle == "service"
                 else DutyCycle(caps, w, t0, vt))
@@ -360,13 +427,16 @@ def simulate_cores(topo: Topology, inp: SimInput, *, block_rows: int | None = No
                                   settings.workers[w], sink=sink(w), t0=t0, clock=vt.clock,
                                   sleep=vt.sleep if duty is None else duty.sleep,
                                   stopped_clock=duty))
+        # a worker that is ever stopped takes in calls only while it runs
+        inboxes.append(None if duty is None or duty.never_stopped()
+                       else _Inbox(vt, workers[-1], duty))
     for core in workers:  # virtual time needs no slicing: one sleep per call
         core.service.slice_s = math.inf
     agg.start_run(t0)
     src = settings.source
     shards = _shards(inp, topo.sources, src.batch, block_rows or shard_block_rows(topo))
-    cores = [SourceCore(s, src.grouping(s, clock=vt.clock), _Transport(vt, workers, s), src,
-                        clock=vt.clock, sleep=vt.sleep, t0=t0, control=_Control(agg, workers, s))
+    cores = [SourceCore(s, src.grouping(s, clock=vt.clock), _Transport(vt, workers, s, inboxes),
+                        src, clock=vt.clock, sleep=vt.sleep, t0=t0, control=_Control(agg, workers, s))
              for s in range(topo.sources)]
     stats: dict[int, SourceStats] = {}
     running = [len(cores)]
@@ -408,6 +478,8 @@ def simulate_cores(topo: Topology, inp: SimInput, *, block_rows: int | None = No
         vt.spawn(f"source-{s}", functools.partial(source, s))
     for w in range(n):
         vt.spawn(f"worker-{w}", functools.partial(worker, w))
+        if (inbox := inboxes[w]) is not None:
+            vt.spawn(f"inbox-{w}", functools.partial(inbox.deliver, lambda: running[0] > 0))
     if caps.changes:
         vt.spawn("capacities", capacity_changes)
     vt.run()

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import threading
 from collections import Counter
+from types import SimpleNamespace
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -13,7 +14,7 @@ import pytest
 
 from runtime.inputs import generators
 from runtime.sim import simulate
-from runtime.sim.cores import Deadlock, VirtualTime
+from runtime.sim.cores import Deadlock, DutyCycle, VirtualTime, _Call, _Inbox
 
 
 def test_threads_sleeping_at_once_take_the_longest_sleep_not_the_sum() -> None:
@@ -54,6 +55,33 @@ def test_a_deadlock_is_an_error_not_a_hang() -> None:
     vt.spawn("stuck", lambda: vt.wait_until(lambda: False))
     with pytest.raises(Deadlock):
         vt.run()
+
+
+def test_a_call_to_a_stopped_worker_reaches_it_when_it_runs_again() -> None:
+    """A duty-cycled worker (0.3: runs 30 ms of every 100 ms) takes in no call
+    while stopped, as a SIGSTOPped process does: a call sent then is enqueued
+    at its next running moment, in send order; one sent while it runs, at once."""
+    vt = VirtualTime(t0=0.0)
+    duty = DutyCycle(SimpleNamespace(initial=[0.3], changes=[]), 0, 0.0, vt)
+    assert duty.resume_at(0.02) == 0.02
+    assert duty.resume_at(0.05) == pytest.approx(0.1)
+    assert duty.resume_at(0.12) == 0.12
+    got: list[tuple[float, list]] = []
+    core = SimpleNamespace(enqueue=lambda source, parts: got.append((vt.now, parts)))
+    inbox = _Inbox(vt, core, duty)  # type: ignore[arg-type]
+    sent = [False]
+
+    def source() -> None:
+        for at, part in ((0.01, "a"), (0.05, "b"), (0.07, "c"), (0.12, "d")):
+            vt.sleep(at - vt.now)
+            inbox.send(0, [part], _Call())
+        sent[0] = True
+
+    vt.spawn("source", source)
+    vt.spawn("inbox", lambda: inbox.deliver(lambda: not sent[0]))
+    vt.run()
+    assert [parts for _, parts in got] == [["a"], ["b"], ["c"], ["d"]]
+    assert [t for t, _ in got] == pytest.approx([0.01, 0.1, 0.1, 0.12])
 
 
 def _topology(scheme: str, **over) -> dict:
