@@ -24,11 +24,12 @@ cycle too) stops and continues a slow worker as ``actors.throttle`` does: every
 the period's end (``DutyCycle``: the stopped seconds the worker's service
 emulator reads, as from the real throttler's ``StoppedClock``); ``service``
 scales the service time by the capacity. A call from a source reaches its
-worker at once and an ack its source at once (the CPU a call costs the
-source is modelled, Ray's network is not) - but a stopped worker takes in
-no call: as a SIGSTOPped process, it counts a call sent while it is stopped
-in its queue only when it runs again (``_Inbox``). That is what its
-utilization, and with it CG's signals, see on the real engine.
+worker ``CALL_TRANSIT_S`` after it was sent (Ray's delivery, as measured in
+real runs on these machines), and a stopped worker takes in no call: as a
+SIGSTOPped process, it counts a call that arrived while it was stopped in
+its queue only when it runs again (``_Inbox``) - what its utilization, and
+with it CG's signals, see on the real engine. An ack reaches its source at
+once; the CPU a call costs the source is modelled (``SEND_S_PER_CALL``).
 """
 
 from __future__ import annotations
@@ -67,6 +68,12 @@ ROUTE_S_PER_MESSAGE = 130e-9
 #: a source's CPU per actor call (Ray's argument preparation and submission:
 #: 320-610 us measured, docs/benchmarks.md)
 SEND_S_PER_CALL = 400e-6
+#: how long a call takes to reach its worker (from the source's send to the
+#: worker's taking it in): the median measured inside real runs on this
+#: project's 2-core machines, sources, workers and Spark sharing them
+#: (3.4-3.6 ms to full-speed workers; docs/benchmarks.md, "Simulator and real
+#: engine"). The ack's way back is not modelled: it reaches its source at once.
+CALL_TRANSIT_S = 3.5e-3
 #: the clock starts here (a wall-clock-like number: the cores add seconds to it)
 T0 = 1_000_000.0
 
@@ -199,20 +206,24 @@ class _Call:
 
 
 class _Inbox:
-    """What reaches a duty-cycled worker while it is stopped: a stopped process
-    takes in no call (Ray delivers it, and the worker counts it in its queue,
-    when the process runs again), so a call sent then is enqueued at the
-    worker's next running moment (``DutyCycle.resume_at``), in send order. A
-    thread of its own on the virtual clock does the deliveries."""
+    """A worker's calls on their way: each reaches the worker (is counted in
+    its queue) ``transit_s`` after it was sent - and a duty-cycled worker's
+    only when it runs: a stopped process takes in no call (Ray hands it over,
+    and the worker counts it, when the process runs again;
+    ``DutyCycle.resume_at``). In send order. A thread of its own on the
+    virtual clock does the deliveries."""
 
-    def __init__(self, vt: VirtualTime, core: WorkerCore, duty: DutyCycle) -> None:
-        self.vt, self.core, self.duty = vt, core, duty
+    def __init__(self, vt: VirtualTime, core: WorkerCore, duty: DutyCycle | None,
+                 transit_s: float = CALL_TRANSIT_S) -> None:
+        self.vt, self.core, self.duty, self.transit_s = vt, core, duty, float(transit_s)
         self.waiting: collections.deque[tuple[float, int, list[Part], _Call]] = (
             collections.deque())
 
     def send(self, source: int, parts: list[Part], call: _Call) -> None:
-        at = self.duty.resume_at(self.vt.now - self.duty.t0) + self.duty.t0
-        if not self.waiting and at <= self.vt.now:  # running: at once
+        at = self.vt.now + self.transit_s
+        if self.duty is not None:
+            at = self.duty.resume_at(at - self.duty.t0) + self.duty.t0
+        if not self.waiting and at <= self.vt.now:  # no transit, running: at once
             call.queued = self.core.enqueue(source, parts)
         else:  # (behind the calls already waiting: in send order)
             self.waiting.append((max(at, self.waiting[-1][0]) if self.waiting else at,
@@ -233,13 +244,12 @@ class _Inbox:
 
 
 class _Transport:
-    """A source's calls, in-process: ``send`` queues a call at its worker (the
-    source pays ``SEND_S_PER_CALL``) - through the worker's ``_Inbox`` when
-    it is duty-cycled; ``wait`` blocks until one is acked."""
+    """A source's calls, in-process: ``send`` queues a call at its worker
+    through the worker's ``_Inbox`` (the source pays ``SEND_S_PER_CALL``);
+    ``wait`` blocks until one is acked."""
 
-    def __init__(self, vt: VirtualTime, workers: Sequence[WorkerCore], source: int,
-                 inboxes: Sequence[_Inbox | None]) -> None:
-        self.vt, self.workers, self.source, self.inboxes = vt, workers, source, inboxes
+    def __init__(self, vt: VirtualTime, inboxes: Sequence[_Inbox], source: int) -> None:
+        self.vt, self.inboxes, self.source = vt, inboxes, source
         self.calls: dict[int, _Call] = {}
         self._tokens = itertools.count()
 
@@ -247,11 +257,7 @@ class _Transport:
         self.vt.sleep(SEND_S_PER_CALL)
         tok = next(self._tokens)
         call = self.calls[tok] = _Call()
-        inbox = self.inboxes[worker]
-        if inbox is None:
-            call.queued = self.workers[worker].enqueue(self.source, parts)
-        else:
-            inbox.send(self.source, parts, call)
+        self.inboxes[worker].send(self.source, parts, call)
         return tok
 
     def wait(self, tokens: Sequence[int], timeout: float | None) -> list[tuple[int, Any]]:
@@ -419,7 +425,7 @@ def simulate_cores(topo: Topology, inp: SimInput, *, block_rows: int | None = No
         return commit
 
     t0 = vt.now
-    inboxes: list[_Inbox | None] = []
+    inboxes: list[_Inbox] = []
     for w in range(n):
         duty = (None if settings.workers[w].throttle == "service"
                 else DutyCycle(caps, w, t0, vt))
@@ -427,16 +433,15 @@ def simulate_cores(topo: Topology, inp: SimInput, *, block_rows: int | None = No
                                   settings.workers[w], sink=sink(w), t0=t0, clock=vt.clock,
                                   sleep=vt.sleep if duty is None else duty.sleep,
                                   stopped_clock=duty))
-        # a worker that is ever stopped takes in calls only while it runs
-        inboxes.append(None if duty is None or duty.never_stopped()
-                       else _Inbox(vt, workers[-1], duty))
+        inboxes.append(_Inbox(vt, workers[-1], None if duty is None or duty.never_stopped()
+                              else duty))
     for core in workers:  # virtual time needs no slicing: one sleep per call
         core.service.slice_s = math.inf
     agg.start_run(t0)
     src = settings.source
     shards = _shards(inp, topo.sources, src.batch, block_rows or shard_block_rows(topo))
-    cores = [SourceCore(s, src.grouping(s, clock=vt.clock), _Transport(vt, workers, s, inboxes),
-                        src, clock=vt.clock, sleep=vt.sleep, t0=t0, control=_Control(agg, workers, s))
+    cores = [SourceCore(s, src.grouping(s, clock=vt.clock), _Transport(vt, inboxes, s), src,
+                        clock=vt.clock, sleep=vt.sleep, t0=t0, control=_Control(agg, workers, s))
              for s in range(topo.sources)]
     stats: dict[int, SourceStats] = {}
     running = [len(cores)]
@@ -478,8 +483,7 @@ def simulate_cores(topo: Topology, inp: SimInput, *, block_rows: int | None = No
         vt.spawn(f"source-{s}", functools.partial(source, s))
     for w in range(n):
         vt.spawn(f"worker-{w}", functools.partial(worker, w))
-        if (inbox := inboxes[w]) is not None:
-            vt.spawn(f"inbox-{w}", functools.partial(inbox.deliver, lambda: running[0] > 0))
+        vt.spawn(f"inbox-{w}", functools.partial(inboxes[w].deliver, lambda: running[0] > 0))
     if caps.changes:
         vt.spawn("capacities", capacity_changes)
     vt.run()

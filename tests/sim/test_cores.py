@@ -57,10 +57,12 @@ def test_a_deadlock_is_an_error_not_a_hang() -> None:
         vt.run()
 
 
-def test_a_call_to_a_stopped_worker_reaches_it_when_it_runs_again() -> None:
+@pytest.mark.parametrize("transit_s", [0.0, 0.004])
+def test_a_call_to_a_stopped_worker_reaches_it_when_it_runs_again(transit_s: float) -> None:
     """A duty-cycled worker (0.3: runs 30 ms of every 100 ms) takes in no call
-    while stopped, as a SIGSTOPped process does: a call sent then is enqueued
-    at its next running moment, in send order; one sent while it runs, at once."""
+    while stopped, as a SIGSTOPped process does: a call that arrives then (it
+    travels ``transit_s``) is enqueued at the worker's next running moment, in
+    send order; one that arrives while it runs, on arrival."""
     vt = VirtualTime(t0=0.0)
     duty = DutyCycle(SimpleNamespace(initial=[0.3], changes=[]), 0, 0.0, vt)
     assert duty.resume_at(0.02) == 0.02
@@ -68,7 +70,7 @@ def test_a_call_to_a_stopped_worker_reaches_it_when_it_runs_again() -> None:
     assert duty.resume_at(0.12) == 0.12
     got: list[tuple[float, list]] = []
     core = SimpleNamespace(enqueue=lambda source, parts: got.append((vt.now, parts)))
-    inbox = _Inbox(vt, core, duty)  # type: ignore[arg-type]
+    inbox = _Inbox(vt, core, duty, transit_s)  # type: ignore[arg-type]
     sent = [False]
 
     def source() -> None:
@@ -81,7 +83,8 @@ def test_a_call_to_a_stopped_worker_reaches_it_when_it_runs_again() -> None:
     vt.spawn("inbox", lambda: inbox.deliver(lambda: not sent[0]))
     vt.run()
     assert [parts for _, parts in got] == [["a"], ["b"], ["c"], ["d"]]
-    assert [t for t, _ in got] == pytest.approx([0.01, 0.1, 0.1, 0.12])
+    # sent at 10, 50, 70 and 120 ms; the worker runs in [0, 30) and [100, 130) ms
+    assert [t for t, _ in got] == pytest.approx([0.01 + transit_s, 0.1, 0.1, 0.12 + transit_s])
 
 
 def _topology(scheme: str, **over) -> dict:

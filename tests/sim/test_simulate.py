@@ -20,7 +20,7 @@ from runtime.grouping.signals import WorkerSignals
 from runtime.inputs import generators
 from runtime.reporting.report import REQUIRED_KEYS
 from runtime.sim import SimResult, simulate
-from runtime.sim.cores import _shards
+from runtime.sim.cores import CALL_TRANSIT_S, _shards
 from runtime.sim.inputs import load_input
 from runtime.simulate import main as simulate_main
 from runtime.topology import TopologyError, load_topology
@@ -155,9 +155,11 @@ def test_single_worker_runs_at_its_capacity(capacity: float, sources: int) -> No
     r = sim(topo("kg", sources=sources, workers={"count": 1, "capacity": capacity,
                                                  "service_us": 100, "throttle": "service"}))
     rep = r.report
-    want = capacity * 1e6 / 100  # virtual time: exact but for the first call's routing
+    # virtual time: exact but for the first call's routing and its way to the worker
+    n = rep["messages"]["processed"]
+    want = n / (n * 100e-6 / capacity + CALL_TRANSIT_S)
     assert rep["throughput_msgs_per_s"] == pytest.approx(want, rel=1e-3)
-    assert rep["capacity_efficiency"] == pytest.approx(1.0, rel=1e-3)
+    assert rep["capacity_efficiency"] == pytest.approx(want * 100e-6 / capacity, rel=1e-3)
     assert rep["workers"][0]["busy_fraction"] == pytest.approx(1.0, rel=1e-2)
 
 
@@ -181,8 +183,10 @@ def test_capacity_change_takes_effect_at_its_time() -> None:
     # 1 worker at full speed (100 us/msg) for 1 s = 10,000 msgs, then 4x slower
     r = sim(topo("kg", sources=1, workers={
         "count": 1, "service_us": 100, "changes": [{"at_s": 1.0, "worker": 0, "capacity": 0.25}]}))
-    # (within a message: the one in service at 1.0 s finishes at the old speed)
-    assert r.report["duration_s"] == pytest.approx(1.0 + 10_000 * 400e-6, abs=1e-3)
+    # (within a message: the one in service at 1.0 s finishes at the old speed;
+    # the first call reaches the worker CALL_TRANSIT_S after the start)
+    assert r.report["duration_s"] == pytest.approx(1.0 + 10_000 * 400e-6 + CALL_TRANSIT_S,
+                                                   abs=1e-3)
     ts = r.timeseries
     assert ts.loc[ts.t_s <= 1.0, "capacity_w0"].eq(1.0).all()
     assert ts.loc[ts.t_s > 1.05, "capacity_w0"].eq(0.25).all()
@@ -198,8 +202,9 @@ def test_rate_limit_is_honoured_below_capacity() -> None:
     assert 0.49 < rep["duration_s"] < 0.51
     assert rep["throughput_msgs_per_s"] == pytest.approx(20_000 / rep["duration_s"])
     # no backlog: a message waits at most for its source's linger (10 ms), its
-    # own sub-batch and one of the other source's (~125 msgs x 20 us each)
-    assert rep["latency_ms"]["max"] < 10 + 2 * 200 * 20e-3
+    # call's way to the worker, its own sub-batch and one of the other
+    # source's (~125 msgs x 20 us each)
+    assert rep["latency_ms"]["max"] < 10 + 1e3 * CALL_TRANSIT_S + 2 * 200 * 20e-3
 
 
 def test_backpressure_bounds_queues() -> None:
@@ -429,11 +434,12 @@ def test_latency_counts_from_the_scheduled_time_when_sources_fall_behind() -> No
     t = topo("kg", input={"format": "zipf", "messages": 10_000, "keys": 100},
              sources=1, workers={"count": 1, "service_us": 100}, run={"batch": 100, "rate": 20_000})
     r = sim(t)
-    assert r.report["duration_s"] == pytest.approx(1.0, rel=1e-3)  # the worker's pace
+    # the worker's pace (its first call reaches it CALL_TRANSIT_S after the start)
+    assert r.report["duration_s"] == pytest.approx(1.0 + CALL_TRANSIT_S, rel=1e-3)
     # batch j's messages are due at its scheduled time, j x 5 ms; message k of it is
-    # done at (100 j + k + 1) x 100 us: a mean of 252.55 ms
+    # done at (100 j + k + 1) x 100 us (+ the transit): a mean of 252.55 ms (+ 3.5)
     j, k = np.arange(100)[:, None], np.arange(100)[None, :]
-    done = (100 * j + k + 1) * 100e-6
+    done = (100 * j + k + 1) * 100e-6 + CALL_TRANSIT_S
     # (plus the source's CPU to route and send, 0.4 ms before the first batch is served)
     assert r.report["latency_ms"]["mean"] == pytest.approx(1e3 * float((done - j * 5e-3).mean()),
                                                            abs=0.5)
