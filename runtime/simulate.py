@@ -17,6 +17,7 @@ from runtime.cli import base_parser, load_or_exit, run_main
 from runtime.reporting import phases
 from runtime.reporting.report import default_out_dir, summary_table
 from runtime.sim import SimEngine, SimResult, simulate
+from runtime.sim.api import check_call_transit
 
 __all__ = ["SimResult", "main", "simulate"]
 
@@ -31,13 +32,21 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--model", choices=("cores",), default="cores",
                    help="cores (the only one: the runtime's own cores on a virtual clock; the "
                         "former queueing model was removed)")
+    p.add_argument("--call-transit-ms", type=float, default=None, metavar="MS",
+                   help="how long a call takes to reach its worker (default 3.5: Ray on a "
+                        "shared 2-core machine, as measured; 0: at once) - a what-if for "
+                        "another network")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--no-plot", action="store_true", help="skip report.png")
     args = p.parse_args(argv)
     phases.begin()  # the command's start: this process's creation
     phases.engine_ready()  # the simulator is up once imported
+    transit = None if args.call_transit_ms is None else args.call_transit_ms / 1e3
+    if transit is not None:  # before anything is read
+        check_call_transit(transit)
     topo = load_or_exit(args.topology, args.overrides)
-    engine = SimEngine(shard_block_rows=args.shard_block_rows, plot=not args.no_plot)
+    engine = SimEngine(shard_block_rows=args.shard_block_rows, plot=not args.no_plot,
+                       call_transit_s=transit)
     out = args.out or default_out_dir(topo.name)
     t0 = time.perf_counter()
     report = engine.run(topo, out, progress=not args.no_progress)

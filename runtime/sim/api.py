@@ -54,6 +54,7 @@ def simulate(
     progress: Callable[[int], None] | None = None,
     clock: phases.RunClock | None = None,
     model: str = "cores",
+    call_transit_s: float | None = None,
 ) -> SimResult:
     """Simulate a topology (object, YAML path or dict, plus ``--set`` overrides)
     over the runtime's own source, worker and aggregator cores on a virtual
@@ -67,8 +68,12 @@ def simulate(
     field). ``clock``: the run's ``phases`` clock (default: one starting now);
     the report's ``phases`` are wall time. ``model``: ``"cores"``, the only
     one (kept for callers that named it; the queueing model was removed).
+    ``call_transit_s``: how long a call takes to reach its worker (default
+    ``runtime.sim.cores.CALL_TRANSIT_S``, Ray's as measured on this project's
+    machines; 0: at once) - a what-if for another network; the report's
+    ``sim.call_transit_s`` says which was simulated.
     """
-    from runtime.sim.cores import simulate_cores
+    from runtime.sim.cores import CALL_TRANSIT_S, simulate_cores
 
     if model != "cores":
         raise TopologyError(f"--model: the simulator has one model, cores (got {model!r}; "
@@ -79,6 +84,7 @@ def simulate(
     if shard_block_rows is not None and not (isinstance(shard_block_rows, int)
                                              and shard_block_rows >= 1):
         raise TopologyError(f"--shard-block-rows: must be an int >= 1 (got {shard_block_rows})")
+    transit_s = CALL_TRANSIT_S if call_transit_s is None else check_call_transit(call_transit_s)
     clock = clock if clock is not None else phases.RunClock.take()
     t0 = time.perf_counter()
     inp = sim_input if sim_input is not None else load_input(topo)
@@ -86,7 +92,7 @@ def simulate(
     clock.start(time.time())
     try:
         m, result, agg_stats = simulate_cores(topo, inp, block_rows=shard_block_rows,
-                                              progress=progress)
+                                              progress=progress, transit_s=float(transit_s))
     except ValueError as e:  # a scheme rejecting its parameters
         raise TopologyError(f"grouping: {e}") from None
     clock.end(time.time())
@@ -98,6 +104,7 @@ def simulate(
                             if k != "peak_rss_mb"}
     report["sim"] = {
         "model": "cores",
+        "call_transit_s": float(transit_s),
         "wall_s": wall,
         "input_s": t_input,
         "engine_s": t_engine,
@@ -108,16 +115,37 @@ def simulate(
     return SimResult(report, reporting.timeseries(m.series), result, clock)
 
 
+#: the longest call transit ``simulate`` takes (10 s: beyond any network)
+MAX_CALL_TRANSIT_S = 10.0
+
+
+def check_call_transit(seconds: Any) -> float:
+    """``seconds`` as a call transit (``simulate``'s ``call_transit_s``), or
+    ``TopologyError`` naming the option and the value (in its milliseconds)."""
+    if not (isinstance(seconds, (int, float)) and not isinstance(seconds, bool)
+            and 0.0 <= seconds <= MAX_CALL_TRANSIT_S):
+        try:
+            got = f"{float(seconds) * 1e3:g}"
+        except (TypeError, ValueError):
+            got = repr(seconds)
+        raise TopologyError(f"--call-transit-ms: must be a number of milliseconds in "
+                            f"[0, {MAX_CALL_TRANSIT_S * 1e3:g}] (got {got})")
+    return float(seconds)
+
+
 class SimEngine:
     """The simulator behind ``runtime.engine.Engine``: ``run`` simulates a
     topology, writes its outputs and returns the report.
 
-    ``shard_block_rows``: as ``simulate``'s. ``plot``: write ``report.png``.
+    ``shard_block_rows``, ``call_transit_s``: as ``simulate``'s. ``plot``:
+    write ``report.png``.
     """
 
-    def __init__(self, *, shard_block_rows: int | None = None, plot: bool = True) -> None:
+    def __init__(self, *, shard_block_rows: int | None = None, plot: bool = True,
+                 call_transit_s: float | None = None) -> None:
         self.shard_block_rows = shard_block_rows
         self.plot = plot
+        self.call_transit_s = call_transit_s
 
     @contextlib.contextmanager
     def shared_input(self, topo: Topology) -> Iterator[SimInput]:
@@ -141,7 +169,8 @@ class SimEngine:
                        file=sys.stderr, mininterval=0.5, leave=False)
         try:
             res = simulate(topo, sim_input=inp, shard_block_rows=self.shard_block_rows,
-                           progress=bar.update if bar is not None else None, clock=clock)
+                           progress=bar.update if bar is not None else None, clock=clock,
+                           call_transit_s=self.call_transit_s)
         finally:
             if bar is not None:
                 bar.close()

@@ -404,11 +404,13 @@ def core_settings(topo: Topology, coordinator: Any) -> CoreSettings:
 
 def simulate_cores(topo: Topology, inp: SimInput, *, block_rows: int | None = None,
                    progress: Callable[[int], None] | None = None,
+                   transit_s: float = CALL_TRANSIT_S,
                    ) -> tuple[report_mod.RunMeasurements, pa.Table, AggregatorStats]:
     """Run ``topo`` over ``inp`` on the cores; the measurements, the result
     table and the aggregator's statistics. ``block_rows``: the stream's blocks
     dealt to the sources (default: the real runtime's, ``shard_block_rows``);
-    ``progress(n)``: ``n`` more messages acked."""
+    ``progress(n)``: ``n`` more messages acked; ``transit_s``: how long a
+    call takes to reach its worker (``_Inbox``)."""
     vt = VirtualTime()
     caps = Capacities(topo)
     n = topo.workers.total_count
@@ -434,7 +436,7 @@ def simulate_cores(topo: Topology, inp: SimInput, *, block_rows: int | None = No
                                   sleep=vt.sleep if duty is None else duty.sleep,
                                   stopped_clock=duty))
         inboxes.append(_Inbox(vt, workers[-1], None if duty is None or duty.never_stopped()
-                              else duty))
+                              else duty, transit_s))
     for core in workers:  # virtual time needs no slicing: one sleep per call
         core.service.slice_s = math.inf
     agg.start_run(t0)

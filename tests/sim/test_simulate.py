@@ -352,6 +352,35 @@ def test_cli_bad_topology_exits_2_with_one_line(tmp_path: Path) -> None:
     assert not (tmp_path / "o").exists()
 
 
+def test_a_calls_transit_is_a_what_if() -> None:
+    """``call_transit_s``: how long a call takes to reach its worker (default
+    ``CALL_TRANSIT_S``, recorded in the report). One worker at 10,000 msgs/s
+    and 20,000 messages: the run takes 2 s plus one transit, the first call's."""
+    t = topo("kg", sources=1, workers={"count": 1, "service_us": 100, "throttle": "service"})
+    for transit, want in ((None, CALL_TRANSIT_S), (0.0, 0.0), (0.05, 0.05)):
+        rep = sim(t, call_transit_s=transit).report
+        assert rep["sim"]["call_transit_s"] == want
+        assert rep["duration_s"] == pytest.approx(2.0 + want, abs=1e-3)
+    # a message's latency counts its call's way: the slower network, the higher every percentile
+    fast, slow = (sim(topo("kg", run={"rate": 40_000}), call_transit_s=x).report["latency_ms"]
+                  for x in (0.0, 0.02))
+    assert slow["p50"] > fast["p50"] + 15 and slow["p99"] > fast["p99"] + 15
+
+
+@pytest.mark.parametrize("bad", ["-1", "nan", "20000"])
+def test_a_bad_call_transit_exits_2_with_one_line_before_reading(tmp_path: Path, bad: str) -> None:
+    t = tmp_path / "t.yaml"
+    t.write_text(json.dumps(topo("kg", input={"format": "parquet", "path": "missing.parquet"})))
+    p = run_cli(str(t), "--call-transit-ms", bad, "--out", str(tmp_path / "o"))
+    assert p.returncode == 2
+    lines = p.stderr.strip().splitlines()
+    assert len(lines) == 1 and "--call-transit-ms" in lines[0] and "Traceback" not in p.stderr
+    assert "missing.parquet" not in lines[0]  # the option is checked first
+    assert not (tmp_path / "o").exists()
+    with pytest.raises(TopologyError, match="call-transit-ms"):
+        simulate(topo("kg"), call_transit_s=float(bad) / 1e3)
+
+
 def test_the_removed_queueing_model_is_refused_with_one_line(tmp_path: Path) -> None:
     with pytest.raises(TopologyError, match="one model, cores"):
         simulate(topo("kg"), model="queueing")
