@@ -17,7 +17,6 @@ from runtime.cli import base_parser, load_or_exit, run_main
 from runtime.reporting import phases
 from runtime.reporting.report import default_out_dir, summary_table
 from runtime.sim import SimEngine, SimResult, simulate
-from runtime.sim.api import check_call_transit
 
 __all__ = ["SimResult", "main", "simulate"]
 
@@ -41,12 +40,10 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     phases.begin()  # the command's start: this process's creation
     phases.engine_ready()  # the simulator is up once imported
-    transit = None if args.call_transit_ms is None else args.call_transit_ms / 1e3
-    if transit is not None:  # before anything is read
-        check_call_transit(transit)
-    topo = load_or_exit(args.topology, args.overrides)
     engine = SimEngine(shard_block_rows=args.shard_block_rows, plot=not args.no_plot,
-                       call_transit_s=transit)
+                       call_transit_s=None if args.call_transit_ms is None
+                       else args.call_transit_ms / 1e3)  # (checked before anything is read)
+    topo = load_or_exit(args.topology, args.overrides)
     out = args.out or default_out_dir(topo.name)
     t0 = time.perf_counter()
     report = engine.run(topo, out, progress=not args.no_progress)

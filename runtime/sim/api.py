@@ -92,7 +92,7 @@ def simulate(
     clock.start(time.time())
     try:
         m, result, agg_stats = simulate_cores(topo, inp, block_rows=shard_block_rows,
-                                              progress=progress, transit_s=float(transit_s))
+                                              progress=progress, transit_s=transit_s)
     except ValueError as e:  # a scheme rejecting its parameters
         raise TopologyError(f"grouping: {e}") from None
     clock.end(time.time())
@@ -104,7 +104,7 @@ def simulate(
                             if k != "peak_rss_mb"}
     report["sim"] = {
         "model": "cores",
-        "call_transit_s": float(transit_s),
+        "call_transit_s": transit_s,
         "wall_s": wall,
         "input_s": t_input,
         "engine_s": t_engine,
@@ -137,15 +137,17 @@ class SimEngine:
     """The simulator behind ``runtime.engine.Engine``: ``run`` simulates a
     topology, writes its outputs and returns the report.
 
-    ``shard_block_rows``, ``call_transit_s``: as ``simulate``'s. ``plot``:
-    write ``report.png``.
+    ``shard_block_rows``, ``call_transit_s``: as ``simulate``'s (a bad
+    transit is refused here, before any input is read). ``plot``: write
+    ``report.png``.
     """
 
     def __init__(self, *, shard_block_rows: int | None = None, plot: bool = True,
                  call_transit_s: float | None = None) -> None:
         self.shard_block_rows = shard_block_rows
         self.plot = plot
-        self.call_transit_s = call_transit_s
+        self.call_transit_s = (None if call_transit_s is None
+                               else check_call_transit(call_transit_s))
 
     @contextlib.contextmanager
     def shared_input(self, topo: Topology) -> Iterator[SimInput]:

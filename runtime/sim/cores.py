@@ -360,10 +360,6 @@ class DutyCycle:
                 left -= on_end - at
             at = (k + 1) * p
 
-    def never_stopped(self) -> bool:
-        """Full speed from start to end (a capacity of 1 throughout)."""
-        return min(self._caps) >= 1.0
-
     def resume_at(self, t: float) -> float:
         """The first moment at or after ``t`` at which the worker runs."""
         p = self.period_s
@@ -435,8 +431,7 @@ def simulate_cores(topo: Topology, inp: SimInput, *, block_rows: int | None = No
                                   settings.workers[w], sink=sink(w), t0=t0, clock=vt.clock,
                                   sleep=vt.sleep if duty is None else duty.sleep,
                                   stopped_clock=duty))
-        inboxes.append(_Inbox(vt, workers[-1], None if duty is None or duty.never_stopped()
-                              else duty, transit_s))
+        inboxes.append(_Inbox(vt, workers[-1], duty, transit_s))
     for core in workers:  # virtual time needs no slicing: one sleep per call
         core.service.slice_s = math.inf
     agg.start_run(t0)
