@@ -71,9 +71,10 @@ def simulate(
     ``call_transit_s``: how long a call takes to reach its worker (default
     ``runtime.sim.cores.CALL_TRANSIT_S``, Ray's as measured on this project's
     machines; 0: at once) - a what-if for another network; the report's
-    ``sim.call_transit_s`` says which was simulated.
+    ``sim.call_transit_s`` says which was simulated. An ack's way back is
+    ``runtime.sim.cores.ACK_TRANSIT_S`` (the report's ``sim.ack_transit_s``).
     """
-    from runtime.sim.cores import CALL_TRANSIT_S, simulate_cores
+    from runtime.sim.cores import ACK_TRANSIT_S, CALL_TRANSIT_S, simulate_cores
 
     if model != "cores":
         raise TopologyError(f"--model: the simulator has one model, cores (got {model!r}; "
@@ -105,6 +106,7 @@ def simulate(
     report["sim"] = {
         "model": "cores",
         "call_transit_s": transit_s,
+        "ack_transit_s": ACK_TRANSIT_S,
         "wall_s": wall,
         "input_s": t_input,
         "engine_s": t_engine,

@@ -28,8 +28,9 @@ worker ``CALL_TRANSIT_S`` after it was sent (Ray's delivery, as measured in
 real runs on these machines), and a stopped worker takes in no call: as a
 SIGSTOPped process, it counts a call that arrived while it was stopped in
 its queue only when it runs again (``_Inbox``) - what its utilization, and
-with it CG's signals, see on the real engine. An ack reaches its source at
-once; the CPU a call costs the source is modelled (``SEND_S_PER_CALL``).
+with it CG's signals, see on the real engine. An ack is back at its source
+``ACK_TRANSIT_S`` after the worker ended the call. The CPU a call costs the
+source is modelled (``SEND_S_PER_CALL``).
 """
 
 from __future__ import annotations
@@ -72,8 +73,13 @@ SEND_S_PER_CALL = 400e-6
 #: worker's taking it in): the median measured inside real runs on this
 #: project's 2-core machines, sources, workers and Spark sharing them
 #: (3.4-3.6 ms to full-speed workers; docs/benchmarks.md, "Simulator and real
-#: engine"). The ack's way back is not modelled: it reaches its source at once.
+#: engine"). The ack's way back is ``ACK_TRANSIT_S``.
 CALL_TRANSIT_S = 3.5e-3
+#: how long an ack takes back to its source (from the worker's end of the
+#: call to the source's seeing it): the median measured inside real runs on
+#: this project's machines, over the acks a waiting source received (1.3 ms;
+#: docs/benchmarks.md, "Simulator and real engine")
+ACK_TRANSIT_S = 1.3e-3
 #: the clock starts here (a wall-clock-like number: the cores add seconds to it)
 T0 = 1_000_000.0
 
@@ -246,10 +252,12 @@ class _Inbox:
 class _Transport:
     """A source's calls, in-process: ``send`` queues a call at its worker
     through the worker's ``_Inbox`` (the source pays ``SEND_S_PER_CALL``);
-    ``wait`` blocks until one is acked."""
+    ``wait`` blocks until an ack is back: ``ack_s`` after its worker ended
+    the call."""
 
-    def __init__(self, vt: VirtualTime, inboxes: Sequence[_Inbox], source: int) -> None:
-        self.vt, self.inboxes, self.source = vt, inboxes, source
+    def __init__(self, vt: VirtualTime, inboxes: Sequence[_Inbox], source: int,
+                 ack_s: float = ACK_TRANSIT_S) -> None:
+        self.vt, self.inboxes, self.source, self.ack_s = vt, inboxes, source, float(ack_s)
         self.calls: dict[int, _Call] = {}
         self._tokens = itertools.count()
 
@@ -260,18 +268,36 @@ class _Transport:
         self.inboxes[worker].send(self.source, parts, call)
         return tok
 
+    def _back_at(self, call: _Call) -> float:
+        """When ``call``'s ack is back at the source (inf: not answered yet)."""
+        if not call.done():
+            return math.inf
+        ack = call.queued.ack
+        return self.vt.now if ack is None else ack.done_ts + self.ack_s
+
     def wait(self, tokens: Sequence[int], timeout: float | None) -> list[tuple[int, Any]]:
-        calls = [self.calls[t] for t in tokens]
+        vt, calls = self.vt, [self.calls[t] for t in tokens]
+        end = math.inf if timeout is None else vt.now + timeout
+        while True:
+            back = [self._back_at(c) for c in calls]
+            first = min(back, default=math.inf)
+            if first <= vt.now + 1e-9 or vt.now >= end:  # (1 ns: the clock's float sums)
+                break
+            answered = sum(1 for b in back if b < math.inf)
 
-        def ready() -> bool:  # (checked on every hand-over while this source waits)
-            for c in calls:
-                if c.done():
-                    return True
-            return False
+            def more() -> bool:  # (checked on every hand-over while this source waits)
+                k = 0
+                for c in calls:
+                    if c.done():
+                        k += 1
+                        if k > answered:
+                            return True
+                return False
 
-        self.vt.wait_until(ready, timeout)
-        done = [t for t, c in zip(tokens, calls, strict=True) if c.done()]
-        return [(t, self.calls.pop(t).queued.ack) for t in done]
+            until = min(first, end)  # the next ack back, or the time-out
+            vt.wait_until(more, None if math.isinf(until) else until - vt.now)
+        return [(t, self.calls.pop(t).queued.ack)
+                for t, b in zip(tokens, back, strict=True) if b <= vt.now + 1e-9]
 
 
 class _Control:

@@ -20,7 +20,7 @@ from runtime.grouping.signals import WorkerSignals
 from runtime.inputs import generators
 from runtime.reporting.report import REQUIRED_KEYS
 from runtime.sim import SimResult, simulate
-from runtime.sim.cores import CALL_TRANSIT_S, _shards
+from runtime.sim.cores import ACK_TRANSIT_S, CALL_TRANSIT_S, _shards
 from runtime.sim.inputs import load_input
 from runtime.simulate import main as simulate_main
 from runtime.topology import TopologyError, load_topology
@@ -155,9 +155,10 @@ def test_single_worker_runs_at_its_capacity(capacity: float, sources: int) -> No
     r = sim(topo("kg", sources=sources, workers={"count": 1, "capacity": capacity,
                                                  "service_us": 100, "throttle": "service"}))
     rep = r.report
-    # virtual time: exact but for the first call's routing and its way to the worker
+    # virtual time: exact but for the first call's routing and its way to the
+    # worker, and the last ack's way back
     n = rep["messages"]["processed"]
-    want = n / (n * 100e-6 / capacity + CALL_TRANSIT_S)
+    want = n / (n * 100e-6 / capacity + CALL_TRANSIT_S + ACK_TRANSIT_S)
     assert rep["throughput_msgs_per_s"] == pytest.approx(want, rel=1e-3)
     assert rep["capacity_efficiency"] == pytest.approx(want * 100e-6 / capacity, rel=1e-3)
     assert rep["workers"][0]["busy_fraction"] == pytest.approx(1.0, rel=1e-2)
@@ -184,9 +185,10 @@ def test_capacity_change_takes_effect_at_its_time() -> None:
     r = sim(topo("kg", sources=1, workers={
         "count": 1, "service_us": 100, "changes": [{"at_s": 1.0, "worker": 0, "capacity": 0.25}]}))
     # (within a message: the one in service at 1.0 s finishes at the old speed;
-    # the first call reaches the worker CALL_TRANSIT_S after the start)
-    assert r.report["duration_s"] == pytest.approx(1.0 + 10_000 * 400e-6 + CALL_TRANSIT_S,
-                                                   abs=1e-3)
+    # the first call reaches the worker CALL_TRANSIT_S after the start, the
+    # last ack is back at the source ACK_TRANSIT_S after it was done)
+    assert r.report["duration_s"] == pytest.approx(
+        1.0 + 10_000 * 400e-6 + CALL_TRANSIT_S + ACK_TRANSIT_S, abs=1e-3)
     ts = r.timeseries
     assert ts.loc[ts.t_s <= 1.0, "capacity_w0"].eq(1.0).all()
     assert ts.loc[ts.t_s > 1.05, "capacity_w0"].eq(0.25).all()
@@ -355,12 +357,14 @@ def test_cli_bad_topology_exits_2_with_one_line(tmp_path: Path) -> None:
 def test_a_calls_transit_is_a_what_if() -> None:
     """``call_transit_s``: how long a call takes to reach its worker (default
     ``CALL_TRANSIT_S``, recorded in the report). One worker at 10,000 msgs/s
-    and 20,000 messages: the run takes 2 s plus one transit, the first call's."""
+    and 20,000 messages: the run takes 2 s plus one transit, the first call's,
+    and the last ack's way back (``ACK_TRANSIT_S`` whatever the call's)."""
     t = topo("kg", sources=1, workers={"count": 1, "service_us": 100, "throttle": "service"})
     for transit, want in ((None, CALL_TRANSIT_S), (0.0, 0.0), (0.05, 0.05)):
         rep = sim(t, call_transit_s=transit).report
         assert rep["sim"]["call_transit_s"] == want
-        assert rep["duration_s"] == pytest.approx(2.0 + want, abs=1e-3)
+        assert rep["sim"]["ack_transit_s"] == ACK_TRANSIT_S
+        assert rep["duration_s"] == pytest.approx(2.0 + want + ACK_TRANSIT_S, abs=1e-3)
     # a message's latency counts its call's way: the slower network, the higher every percentile
     fast, slow = (sim(topo("kg", run={"rate": 40_000}), call_transit_s=x).report["latency_ms"]
                   for x in (0.0, 0.02))
@@ -463,8 +467,10 @@ def test_latency_counts_from_the_scheduled_time_when_sources_fall_behind() -> No
     t = topo("kg", input={"format": "zipf", "messages": 10_000, "keys": 100},
              sources=1, workers={"count": 1, "service_us": 100}, run={"batch": 100, "rate": 20_000})
     r = sim(t)
-    # the worker's pace (its first call reaches it CALL_TRANSIT_S after the start)
-    assert r.report["duration_s"] == pytest.approx(1.0 + CALL_TRANSIT_S, rel=1e-3)
+    # the worker's pace (its first call reaches it CALL_TRANSIT_S after the
+    # start; the last ack is back ACK_TRANSIT_S after it was done)
+    assert r.report["duration_s"] == pytest.approx(1.0 + CALL_TRANSIT_S + ACK_TRANSIT_S,
+                                                   rel=1e-3)
     # batch j's messages are due at its scheduled time, j x 5 ms; message k of it is
     # done at (100 j + k + 1) x 100 us (+ the transit): a mean of 252.55 ms (+ 3.5)
     j, k = np.arange(100)[:, None], np.arange(100)[None, :]
