@@ -249,6 +249,18 @@ class _Inbox:
             call.queued = self.core.enqueue(source, parts)
 
 
+def _more_done(calls: Sequence[_Call], answered: int) -> bool:
+    """Whether more than ``answered`` of ``calls`` are done (checked on every
+    hand-over while a source waits)."""
+    k = 0
+    for c in calls:
+        if c.done():
+            k += 1
+            if k > answered:
+                return True
+    return False
+
+
 class _Transport:
     """A source's calls, in-process: ``send`` queues a call at its worker
     through the worker's ``_Inbox`` (the source pays ``SEND_S_PER_CALL``);
@@ -284,18 +296,9 @@ class _Transport:
             if first <= vt.now + 1e-9 or vt.now >= end:  # (1 ns: the clock's float sums)
                 break
             answered = sum(1 for b in back if b < math.inf)
-
-            def more() -> bool:  # (checked on every hand-over while this source waits)
-                k = 0
-                for c in calls:
-                    if c.done():
-                        k += 1
-                        if k > answered:
-                            return True
-                return False
-
             until = min(first, end)  # the next ack back, or the time-out
-            vt.wait_until(more, None if math.isinf(until) else until - vt.now)
+            vt.wait_until(functools.partial(_more_done, calls, answered),
+                          None if math.isinf(until) else until - vt.now)
         return [(t, self.calls.pop(t).queued.ack)
                 for t, b in zip(tokens, back, strict=True) if b <= vt.now + 1e-9]
 
