@@ -3,7 +3,8 @@
 Ray starts its actors with ``log_to_driver=False`` (the console has our own
 lines only), so a ``print`` inside an operator would end up in Ray's session
 logs, where nobody looks. The workers and the aggregator - the processes that
-run the operator - call ``capture(path, name)`` when the run starts: their
+run the operator - call ``capture(path, name)`` when the run starts (again
+in a process reused by the next run, which closes the last run's file): their
 ``sys.stdout`` and ``sys.stderr`` then append to ``path``, one line at a time,
 each line prefixed with the actor's name (``[worker-3] ...``). On a cluster
 whose nodes do not share the output directory, an actor whose node lacks it
@@ -57,5 +58,9 @@ def capture(path: str, name: str) -> bool:
         return False
     fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
     stream: TextIO = _Prefixed(fd, f"[{name}] ")  # type: ignore[assignment]
+    old = sys.stdout
     sys.stdout = sys.stderr = stream
+    if isinstance(old, _Prefixed):  # a reused process (actors.pool): the last run's file
+        old.flush()
+        os.close(old.fd)
     return True

@@ -415,6 +415,13 @@ class _PipelineRun:
         self.completed = False  # drained without an exception
         self.reuse_actors = True
         self.reused = 0  # actors taken from the pool (named in the namespace of their first run)
+        #: the user's code a reused process must hold (``actors.pool``): a
+        #: file operator's fingerprint; ``None`` for a built-in app
+        self.code: str | None = None
+        if topo.app.kind == "operator" and topo.app.operator:
+            from runtime.operators import file_fingerprint
+
+            self.code = file_fingerprint(topo.app.operator, topo.base_dir)
         self.throttling: _Throttling | None = None
         self.bar = _Progress(0, False)
         self.stops = StopRequests()
@@ -459,13 +466,19 @@ class _PipelineRun:
             self.workers_ready.append(ready if ready is not None else w.pid.remote())
         self.agg, self.workers = agg, workers
 
+    def _unknown_code(self) -> bool:
+        """A user's operator whose code has no fingerprint (named by module
+        path): its processes are neither taken from the pool nor left to it."""
+        return self.topo.app.kind == "operator" and self.code is None
+
     def actor(self, module: Any, role: str, index: int, options: dict[str, Any],
               *args: Any, **kwargs: Any) -> tuple[Any, Any]:
         """``module.actor_class()`` with ``options``, built from ``args`` and
         ``kwargs``: an idle actor of this session reused (``actors.pool``;
         then also the ref of its ``rebind``, which returns its pid, else ``None``)
         or a new one."""
-        key = pool_mod.POOL.key(role, index, options) if self.reuse_actors else None
+        key = (pool_mod.POOL.key(role, index, options, self.code)
+               if self.reuse_actors and not self._unknown_code() else None)
         actor = pool_mod.POOL.take(key)
         ready = None
         if actor is None:
@@ -740,10 +753,10 @@ class _PipelineRun:
         now in the pool (``actors.pool``: they recycle while this run writes
         its outputs); ``release`` kills the others.
         Nothing is kept after a failure, an injected fault or a restart, nor
-        from a user's operator (its module and output capture stay in the process)."""
+        from a user's operator whose code cannot be told (``_unknown_code``)."""
         supervisor = getattr(self, "faults", None)
         if (not self.reuse_actors or not self.completed or self.history or self.topo.faults
-                or self.topo.app.kind == "operator" or supervisor is None
+                or self._unknown_code() or supervisor is None
                 or supervisor.failure_events()):
             return []
         return [a for key, a in self.reusable if pool_mod.POOL.give(key, a)]

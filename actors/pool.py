@@ -15,8 +15,13 @@ cannot change what a run computes or reports:
 - only actors asked for with the default options (no placement: nothing
   pinned, no resources held while idle);
 - never after a failure, an injected fault or a restart (the run's actors
-  are killed, as always), nor for a user's operator (its module and its
-  output capture live in the process);
+  are killed, as always);
+- a user's operator's processes only for a run of the same operator file,
+  unchanged (``runtime.operators.file_fingerprint``: its path and a digest of
+  its bytes; the module it loaded lives in the process, and the modules
+  that file imports are the first run's, as in any Python session); an
+  operator named by module path, never (its code cannot be told without
+  importing it);
 - the role and index must match (``worker-3`` stays ``worker-3``), and the
   actor options (its concurrency);
 - actors the next run does not take are killed when it starts, so at most
@@ -56,13 +61,15 @@ class ActorPool:
         self._idle: dict[Hashable, tuple[Any, Any]] = {}
 
     @staticmethod
-    def key(role: str, index: int, options: dict[str, Any]) -> Hashable | None:
-        """The pool's key for an actor, or ``None`` if it is never reused."""
+    def key(role: str, index: int, options: dict[str, Any],
+            code: Hashable = None) -> Hashable | None:
+        """The pool's key for an actor, or ``None`` if it is never reused.
+        ``code``: the user's code its process holds (``None``: ours only)."""
         rest = {k: v for k, v in options.items() if k not in ("name", "namespace",
                                                              "max_concurrency")}
         if rest != REUSABLE_OPTIONS:
             return None
-        return role, index, options.get("max_concurrency")
+        return role, index, options.get("max_concurrency"), code
 
     def _check_session(self) -> None:
         session = _session()

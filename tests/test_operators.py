@@ -38,6 +38,7 @@ from runtime.operators import (
     bind,
     builtin_operator,
     check_value_type,
+    file_fingerprint,
     load_operator,
     make_operator,
     module_name_for,
@@ -433,6 +434,24 @@ def test_load_by_file_path_relative_and_absolute(tmp_path) -> None:
     s = op.add(op.create(), pa.record_batch({"key": pa.array(["a", "b"])}))
     assert op.finish(op.merge(op.create(), s)).to_pydict() == {"rows": [4]}
     assert op.spec.columns == () and op.spec.mergeable and not op.spec.has_compact
+
+
+def test_a_file_operators_fingerprint_is_its_path_and_its_bytes(tmp_path) -> None:
+    """What ``actors.pool`` keys a user's operator's processes by: the same
+    file, unchanged, by any spelling; another file or changed bytes differ;
+    a module spec, or a file that cannot be read, has none (never reused)."""
+    p = _write(tmp_path, "ops.py", GOOD)
+    first = file_fingerprint("ops.py:Rows", tmp_path)
+    assert first is not None and first == file_fingerprint(f"{p}:Rows", "/")
+    assert first == file_fingerprint("./ops.py:Other", tmp_path)  # the file, not the class
+    (tmp_path / "other").mkdir()
+    q = _write(tmp_path / "other", "ops.py", GOOD)
+    assert file_fingerprint(f"{q}:Rows") != first
+    _write(tmp_path, "ops.py", GOOD + "# edited\n")
+    assert file_fingerprint("ops.py:Rows", tmp_path) not in (None, first)
+    assert file_fingerprint("json:JSONDecoder") is None
+    assert file_fingerprint("gone.py:Rows", tmp_path) is None
+    assert file_fingerprint("no colon", tmp_path) is None
 
 
 def test_load_by_module_from_base_dir(tmp_path) -> None:

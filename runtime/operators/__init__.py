@@ -27,6 +27,7 @@ from runtime.operators.contract import (
 from runtime.operators.counting import NaiveBayes, WordCount
 from runtime.operators.heavy_hitters import HeavyHitters
 from runtime.operators.loading import (
+    file_fingerprint,
     load_operator,
     make_operator,
     module_name_for,
@@ -67,6 +68,7 @@ __all__ = [
     "check_value_type",
     "find_operator_error",
     "instantiate",
+    "file_fingerprint",
     "load_operator",
     "make_operator",
     "module_name_for",

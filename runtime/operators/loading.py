@@ -81,6 +81,30 @@ def module_name_for(path: str | Path) -> str:
     return f"_operator_{stem}_{digest}"
 
 
+def file_fingerprint(spec: str, base_dir: str | Path = ".") -> str | None:
+    """What a process that loaded ``spec`` holds of it, when that can be told
+    without importing anything: for a file-path spec, the file's resolved
+    path and a digest of its bytes (``None`` if it cannot be read); for a
+    module spec, ``None``. Two runs with the same fingerprint load the very
+    same code, so a process of the first may serve the second
+    (``actors.pool``)."""
+    try:
+        target, _, is_file = parse_spec(spec)
+    except OperatorError:
+        return None
+    if not is_file:
+        return None
+    path = Path(target).expanduser()
+    if not path.is_absolute():
+        path = Path(base_dir) / path
+    try:
+        path = path.resolve()
+        data = path.read_bytes()
+    except OSError:
+        return None
+    return f"{path}:{hashlib.sha1(data).hexdigest()}"
+
+
 def _load_file(spec: str, target: str, base_dir: Path) -> ModuleType:
     path = Path(target).expanduser()
     if not path.is_absolute():

@@ -727,3 +727,30 @@ def test_a_reporting_worker_flushes_early_until_the_first_table_reaches_it() -> 
     assert not w.maybe_flush()
     ft.sleep(0.5 - FIRST_PLAN_S)
     assert w.maybe_flush()
+
+
+def test_a_reused_process_captures_the_next_runs_prints_and_closes_the_last_file(
+        tmp_path, monkeypatch) -> None:
+    """``actors.operator_output.capture`` once per run: a process reused by
+    the next run (``actors.pool``) prints into that run's ``operators.log``
+    only, and the last run's file is closed (no descriptor leaks per run)."""
+    import os
+    import sys
+
+    from actors.operator_output import capture
+
+    monkeypatch.setattr(sys, "stdout", sys.stdout)
+    monkeypatch.setattr(sys, "stderr", sys.stderr)
+    first, second = tmp_path / "a.log", tmp_path / "b.log"
+    assert capture(str(first), "worker-1")
+    print("one")
+    fd = sys.stdout.fd  # type: ignore[attr-defined]
+    assert capture(str(second), "worker-1")
+    print("two", end="")
+    sys.stdout.flush()
+    assert first.read_text() == "[worker-1] one\n"
+    assert second.read_text() == "[worker-1] two\n"
+    with pytest.raises(OSError):
+        os.fstat(fd)
+    assert not capture(str(tmp_path / "gone" / "c.log"), "worker-1")  # not on this node
+    os.close(sys.stdout.fd)  # type: ignore[attr-defined]

@@ -1,7 +1,8 @@
 """actors.pool on the real engine: a session's clean run leaves its
 aggregator, workers and sources to the next run, which reuses their processes
 and is exact; a run with a fault leaves nothing; what the next run does not
-take is killed.
+take is killed; a user's operator's processes serve the next run of the same
+file, until the file changes.
 """
 
 from __future__ import annotations
@@ -9,7 +10,7 @@ from __future__ import annotations
 import pyarrow.parquet as pq
 import pytest
 import ray
-from test_run_e2e import FILES, _input, _run_and_check, _topology
+from test_run_e2e import FILES, ROOT, _input, _run_and_check, _topology
 
 from actors import pool as pool_mod
 from actors.pipeline import run_pipeline
@@ -57,4 +58,28 @@ def test_a_clean_run_leaves_its_actors_to_the_next_which_is_exact(ray_spark, tmp
                                         workers={"count": 2, "service_us": 0}), tmp_path / "d")
     third = _idle()
     assert set(third) == {("aggregator", 0), ("worker", 0), ("worker", 1), ("source", 0)}
+    assert not {v[1] for v in third.values()} & {v[1] for v in first.values()}
+
+
+def test_a_file_operators_processes_serve_its_next_run_until_the_file_changes(
+        ray_spark, tmp_path) -> None:
+    """A user's operator (a file) lives in its processes: the next run of the
+    same file, unchanged, takes them and is exact; once the file changes, the
+    next run starts new ones (a reused process would run the old code)."""
+    op = tmp_path / "topk.py"
+    op.write_text((ROOT / "examples" / "operators" / "topk.py").read_text())
+    files = {"format": "parquet", "path": FILES, "limit": 30_000}
+    app = {"kind": "operator", "operator": f"{op}:TopK", "columns": ["ts"],
+           "params": {"column": "ts", "k": 3}}
+    _run_and_check(ray_spark, _topology("pkg", files, app=app), tmp_path / "a")
+    first = _idle()
+    assert set(first) == ROLES
+
+    _run_and_check(ray_spark, _topology("acg", files, app=app), tmp_path / "b")
+    assert _idle() == first  # every actor reused, the answer exact
+
+    op.write_text(op.read_text() + "\n# edited\n")
+    _run_and_check(ray_spark, _topology("acg", files, app=app), tmp_path / "c")
+    third = _idle()
+    assert set(third) == ROLES
     assert not {v[1] for v in third.values()} & {v[1] for v in first.values()}
