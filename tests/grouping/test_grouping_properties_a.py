@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from numba import njit
 
 from runtime.grouping import SCHEMES, make_grouping
 from runtime.grouping.dchoices import dchoices_d
@@ -46,6 +47,22 @@ def route_batched(
 
 
 # ---------------------------------------------------------------- fast modulo
+# (the kernels under test are compiled once per session, not once per example)
+
+
+@njit
+def _mod_all(h: np.ndarray, nn: np.uint64, magic: np.uint64) -> np.ndarray:
+    out = np.empty_like(h)
+    for i in range(h.shape[0]):
+        out[i] = mod_n(h[i], nn, magic)
+    return out
+
+
+@njit
+def _mulhi_all(a: np.ndarray, b: np.ndarray, out: np.ndarray, out2: np.ndarray) -> None:
+    for i in range(a.shape[0]):
+        out[i] = mulhi64(a[i], b[i])
+        out2[i] = mulhi64_portable(a[i], b[i])
 
 
 @HYP
@@ -54,34 +71,17 @@ def route_batched(
     st.integers(1, 2**64 - 1),
 )
 def test_fastmod_matches_hardware_modulo(xs: list[int], n: int) -> None:
-    from numba import njit
-
-    @njit
-    def apply(h: np.ndarray, nn: np.uint64, magic: np.uint64) -> np.ndarray:
-        out = np.empty_like(h)
-        for i in range(h.shape[0]):
-            out[i] = mod_n(h[i], nn, magic)
-        return out
-
     h = np.array(xs, dtype=np.uint64)
-    np.testing.assert_array_equal(apply(h, np.uint64(n), mod_magic(n)), h % np.uint64(n))
+    np.testing.assert_array_equal(_mod_all(h, np.uint64(n), mod_magic(n)), h % np.uint64(n))
 
 
 @HYP
 @given(st.lists(st.tuples(st.integers(0, 2**64 - 1), st.integers(0, 2**64 - 1)), min_size=1))
 def test_mulhi64_is_the_high_half_of_the_128_bit_product(pairs: list[tuple[int, int]]) -> None:
-    from numba import njit
-
-    @njit
-    def apply(a: np.ndarray, b: np.ndarray, out: np.ndarray, out2: np.ndarray) -> None:
-        for i in range(a.shape[0]):
-            out[i] = mulhi64(a[i], b[i])
-            out2[i] = mulhi64_portable(a[i], b[i])
-
     a = np.array([p[0] for p in pairs], dtype=np.uint64)
     b = np.array([p[1] for p in pairs], dtype=np.uint64)
     out, out2 = np.empty_like(a), np.empty_like(a)
-    apply(a, b, out, out2)
+    _mulhi_all(a, b, out, out2)
     want = [(x * y) >> 64 for x, y in pairs]
     assert out.tolist() == want and out2.tolist() == want
 
