@@ -264,12 +264,11 @@ def _more_done(calls: Sequence[_Call], answered: int) -> bool:
 class _Transport:
     """A source's calls, in-process: ``send`` queues a call at its worker
     through the worker's ``_Inbox`` (the source pays ``SEND_S_PER_CALL``);
-    ``wait`` blocks until an ack is back: ``ack_s`` after its worker ended
-    the call."""
+    ``wait`` blocks until an ack is back: ``ACK_TRANSIT_S`` after its worker
+    ended the call."""
 
-    def __init__(self, vt: VirtualTime, inboxes: Sequence[_Inbox], source: int,
-                 ack_s: float = ACK_TRANSIT_S) -> None:
-        self.vt, self.inboxes, self.source, self.ack_s = vt, inboxes, source, float(ack_s)
+    def __init__(self, vt: VirtualTime, inboxes: Sequence[_Inbox], source: int) -> None:
+        self.vt, self.inboxes, self.source = vt, inboxes, source
         self.calls: dict[int, _Call] = {}
         self._tokens = itertools.count()
 
@@ -285,7 +284,7 @@ class _Transport:
         if not call.done():
             return math.inf
         ack = call.queued.ack
-        return self.vt.now if ack is None else ack.done_ts + self.ack_s
+        return self.vt.now if ack is None else ack.done_ts + ACK_TRANSIT_S
 
     def wait(self, tokens: Sequence[int], timeout: float | None) -> list[tuple[int, Any]]:
         vt, calls = self.vt, [self.calls[t] for t in tokens]
