@@ -128,6 +128,7 @@ class LiveInput:
         self.checkpoint_bytes = 0  # the last one's
         self.last_data_ts: float | None = None
         self.busy = False  # a micro-batch is being handed over
+        self._looked = False  # Spark's query has finished a trigger (``idle_s``)
         self.error: BaseException | None = None
         self._next_checkpoint = time.time() + checkpoint_every_s
         self._stopping = False
@@ -280,11 +281,22 @@ class LiveInput:
 
     def idle_s(self, since: float) -> float:
         """Seconds without new data (``since``: the start): none is being handed
-        over and Spark sees no new file."""
+        over and Spark sees no new file - counted from Spark's first look at
+        the input (its query's first trigger done). Until then the stream is
+        not idle: a resumed query plans the files that came while nobody ran
+        before it sees them, which took seconds on a busy machine."""
         now = time.time()
-        if self.busy or self._spark_has_data():
+        if self.busy or not self._spark_has_looked() or self._spark_has_data():
             self.last_data_ts = now
         return now - (self.last_data_ts or since)
+
+    def _spark_has_looked(self) -> bool:
+        if not self._looked:
+            try:
+                self._looked = self.query is not None and self.query.lastProgress is not None
+            except Exception:  # noqa: BLE001 - a stopped query has no progress (check() says why)
+                return False
+        return self._looked
 
     def _spark_has_data(self) -> bool:
         try:

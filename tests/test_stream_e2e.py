@@ -270,7 +270,7 @@ def test_a_stream_resumes_exactly_after_its_driver_is_killed(tmp_path) -> None:
     dead = _dead_run_processes(out)
     _drop(words.slice(60_000, 10_000), indir, "part-2.parquet")  # while nobody runs
 
-    second = subprocess.run([*cmd, "--resume", "--verify", "--set", "run.until_idle_s=5"],
+    second = subprocess.run([*cmd, "--resume", "--verify", "--set", "run.until_idle_s=2"],
                             cwd=ROOT, env=env, capture_output=True, text=True, timeout=400)
     assert second.returncode == 0, second.stdout[-2000:] + second.stderr[-3000:]
     assert "equals Spark's groupBy(key).count()" in second.stdout

@@ -153,7 +153,7 @@ def test_a_windowed_live_stream_emits_each_window_once_across_a_kill_and_resume(
                               _words(470_000, 60, late_ts)])
     _drop(third, indir, "part-2.parquet")  # while nobody runs
 
-    second = subprocess.run([*cmd, "--resume", "--verify", "--set", "run.until_idle_s=5"],
+    second = subprocess.run([*cmd, "--resume", "--verify", "--set", "run.until_idle_s=2"],
                             cwd=ROOT, env=env, capture_output=True, text=True, timeout=400)
     assert second.returncode == 0, second.stdout[-2000:] + second.stderr[-3000:]
     report = json.loads((out / "report.json").read_text())

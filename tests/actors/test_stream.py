@@ -16,7 +16,7 @@ from conftest import FakeTime
 from test_actors_core import DirectTransport, make_workers, words
 
 from actors.pipeline import StopRequests
-from actors.stream_input import split_even
+from actors.stream_input import LiveInput, split_even
 from runtime.dataflow.aggregator import AggregatorCore
 from runtime.dataflow.settings import AggregatorSettings, SourceSettings
 from runtime.dataflow.source import SourceCore, StreamInbox
@@ -157,6 +157,28 @@ def test_stop_reasons() -> None:
     assert s.reason(_run(until_idle_s=5), now_s=100, idle_s=5) == "idle"
     s.signal = "SIGTERM"
     assert s.reason(_run(duration_s=10), now_s=0, idle_s=0) == "signal"
+
+
+def test_the_idle_clock_starts_at_sparks_first_look_at_the_input(monkeypatch) -> None:
+    """``LiveInput.idle_s``: a query that has not finished a trigger yet (a
+    resumed one still planning the files that came while nobody ran) has not
+    seen that no data came: not idle, however long since the start. From its
+    first look on, the seconds without data count."""
+    now = [1000.0]
+    monkeypatch.setattr("actors.stream_input.time.time", lambda: now[0])
+    query = SimpleNamespace(lastProgress=None, status={"isDataAvailable": False})
+    live = object.__new__(LiveInput)  # (the clock's part only: no Spark, no Ray)
+    live.busy, live.query, live.last_data_ts, live._looked = False, query, None, False
+    now[0] = 1030.0
+    assert live.idle_s(since=1000.0) == 0.0  # 30 s in, no trigger done yet
+    query.lastProgress = {"batchId": 0}
+    now[0] = 1032.5
+    assert live.idle_s(since=1000.0) == 2.5  # from the last poll before the look
+    query.status = {"isDataAvailable": True}
+    assert live.idle_s(since=1000.0) == 0.0
+    live.query = SimpleNamespace(status={})  # (a stopped query: the look is kept)
+    now[0] = 1033.0
+    assert live.idle_s(since=1000.0) == 0.5
 
 
 def test_first_signal_asks_to_stop_the_second_interrupts() -> None:
