@@ -292,14 +292,15 @@ class _Transport:
         while True:
             back = [self._back_at(c) for c in calls]
             first = min(back, default=math.inf)
-            if first <= vt.now + 1e-9 or vt.now >= end:  # (1 ns: the clock's float sums)
+            due = vt.now + 1e-9  # what is back by now (1 ns: the clock's float sums)
+            if first <= due or vt.now >= end:
                 break
             answered = sum(1 for b in back if b < math.inf)
             until = min(first, end)  # the next ack back, or the time-out
             vt.wait_until(functools.partial(_more_done, calls, answered),
                           None if math.isinf(until) else until - vt.now)
         return [(t, self.calls.pop(t).queued.ack)
-                for t, b in zip(tokens, back, strict=True) if b <= vt.now + 1e-9]
+                for t, b in zip(tokens, back, strict=True) if b <= due]
 
 
 class _Control:
