@@ -8,7 +8,10 @@ takes every sub-batch its outbox holds, up to ``call_messages`` messages and
 least one sub-batch - and until the worker answered a first call, exactly one
 (``DrainRates.call_cap``). Unless forced, an outbox below its fill target (the
 call cap, or half the memory bound, whichever is lower) lingers up to
-``linger_s`` to fill its call: fewer, larger calls while the windows are open.
+``linger_s`` to fill its call: fewer, larger calls while the windows are open
+- unless the source said its next messages come later than that (a paced
+source's next batch, ``flush``'s ``next_data_at``): then waiting would fill
+nothing, and the call goes at once.
 A source *behind* its input (its next batch already due: unpaced, or paced
 and late) lets it linger up to ``behind_linger_s`` instead: its messages
 would wait for the source anyway, and larger calls are what lets it catch up
@@ -140,11 +143,13 @@ class Outboxes:
         return bool(self.inflight) or any(self.queues)
 
     def flush(self, send: Callable[[int, list[Entry]], Any], force: bool = False,
-              behind: bool = False) -> None:
+              behind: bool = False, next_data_at: float | None = None) -> None:
         """Cut calls from the outboxes, oldest sub-batch first, while the windows
         allow; ``send(worker, entries)`` sends one and returns its token. Unless
         ``force``, an outbox below its fill target waits until it has lingered
-        ``linger_s`` (``behind_linger_s`` when the source is ``behind``)."""
+        ``linger_s`` (``behind_linger_s`` when the source is ``behind``) - if
+        more can come meanwhile: not when the source's next messages are
+        routed at ``next_data_at`` (None: not known), after that."""
         linger_s = self.behind_linger_s if behind else self.linger_s
         now = self.clock()
         caps = fills = None  # computed once, if any outbox holds something
@@ -156,7 +161,8 @@ class Outboxes:
                 fills = self.bounds() // 2
             cap = int(caps[w])
             if (q and not force and self.queued_n[w] < min(cap, fills[w])
-                    and now - self.queued_at[w] < linger_s):
+                    and now - self.queued_at[w] < linger_s
+                    and (next_data_at is None or next_data_at < self.queued_at[w] + linger_s)):
                 continue
             while q and self.calls_per_worker[w] < self.max_inflight:
                 entries = [q.popleft()]

@@ -62,6 +62,7 @@ and a virtual clock.
 from __future__ import annotations
 
 import collections
+import math
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -189,22 +190,27 @@ class Pacer:
         return self.rate <= 0 or self.start + routed / self.rate <= self.clock()
 
     def wait_until_due(self, routed: int, deadlines: Callable[[], Iterable[float]],
-                 send_due: Callable[[], None]) -> None:
-        """Sleep until the batch after ``routed`` messages is due, waking at the
-        earliest of ``deadlines()`` (a lingering outbox) to ``send_due()``."""
+                       send_due: Callable[[], None],
+                       take_acks: Callable[[float], bool] | None = None) -> None:
+        """Wait until the batch after ``routed`` messages is due, waking at the
+        earliest of ``deadlines()`` (a lingering outbox) to ``send_due()``.
+        ``take_acks(timeout)`` waits instead of sleeping while calls are in
+        flight: it takes the acks that come within ``timeout`` (returning at
+        the first) and sends what they let go; False when nothing is in
+        flight (then the pacer sleeps)."""
         if self.rate <= 0:
             return
         ahead = self.start + routed / self.rate - self.clock()
         if ahead <= 0:
             return
         end = self.clock() + ahead
-        while (left := end - self.clock()) > 0:
-            wake = min(deadlines(), default=end) - self.clock()
-            if wake >= left:
-                self.sleep(left)
-                return
-            self.sleep(max(wake, 0.0))
-            send_due()  # one is due (the others go early: no extra wake-up)
+        while (now := self.clock()) < end:
+            linger = min(deadlines(), default=math.inf)  # when an outbox is due
+            until = min(linger, end)
+            if until > now and (take_acks is None or not take_acks(until - now)):
+                self.sleep(until - now)
+            if self.clock() >= linger:
+                send_due()  # one is due (the others go early: no extra wake-up)
 
 
 class LoadReports:
@@ -637,7 +643,8 @@ class SourceCore:
             return self.transport.send(w, [Part.join(self.index, self.epoch, watermark,
                                                      entries)])
 
-        self.outboxes.flush(send, force, behind=self.pacer.behind(self.routed))
+        self.outboxes.flush(send, force, behind=self.pacer.behind(self.routed),
+                            next_data_at=self.pacer.due(self.routed, None))
 
     def idle(self, timeout: float) -> None:
         """Nothing to route yet (a live stream between micro-batches): for at
@@ -733,7 +740,7 @@ class SourceCore:
         reports = self.load_reports
         if reports is None or not reports.early():
             self.pacer.wait_until_due(self.routed, self.outboxes.linger_deadlines,
-                                      lambda: self._flush(force=True))
+                                      lambda: self._flush(force=True), self._take_acks)
             return
 
         def deadlines() -> Iterable[float]:
@@ -746,7 +753,22 @@ class SourceCore:
             self._report_load()
             self._check_notices()
 
-        self.pacer.wait_until_due(self.routed, deadlines, send_due)
+        self.pacer.wait_until_due(self.routed, deadlines, send_due, self._take_acks)
+
+    def _take_acks(self, timeout: float) -> bool:
+        """Between paced batches: take the acks that come within ``timeout``
+        (returning at the first) and send what they let go, so a worker whose
+        calls are back gets its next one now, not at the next batch (a slow
+        worker's calls hold ``CALL_S`` of its work: at a batch every 160 ms,
+        two calls per batch starved it while its outbox grew). False, without
+        waiting, when nothing is in flight. No load report goes from here
+        (``_pace``)."""
+        if not self.outboxes.inflight:
+            return False
+        self._handle(self.transport.wait(list(self.outboxes.inflight), timeout))
+        self._check_notices()
+        self._flush()
+        return True
 
     def _resume_batch(self, resume: Resume, b: int, table: pa.Table,
                       due: float | None) -> None:

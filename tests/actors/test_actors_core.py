@@ -304,15 +304,58 @@ def test_latency_counts_from_the_scheduled_time_when_the_source_falls_behind() -
                      clock=ft.clock, sleep=ft.sleep, t0=0.0)
     src.run([pa.table({"key": ["a"] * 100}) for _ in range(100)])  # 10,000 messages
     # the worker's pace (10,000 messages of 100 us), not the offered rate (0.5 s); with
-    # fake time the worker starts when the source first waits, 20 ms in (4 batches routed)
-    assert ft.t == pytest.approx(0.02 + 1.0)
+    # fake time the worker runs while the source waits: from the first batch on (a
+    # paced source takes acks between its batches)
+    assert ft.t == pytest.approx(1.0)
     mean = src.lat_sum_s / src.acked
     # batch j's messages are due at its scheduled time, j x 5 ms; message k of it is
-    # done at 20 ms + j x 10 ms + (k + 1) x 100 us: a mean of 272.55 ms. Stamping at
-    # send time would hide the wait and give ~a batch's service time
+    # done at j x 10 ms + (k + 1) x 100 us: a mean of 252.55 ms. Stamping at send
+    # time would hide the wait and give ~a batch's service time
     j, k = np.arange(100)[:, None], np.arange(100)[None, :]
-    done = 0.02 + j * 0.01 + (k + 1) * 100e-6
+    done = j * 0.01 + (k + 1) * 100e-6
     assert mean == pytest.approx(float((done - j * 100 / 20_000.0).mean()))
+
+
+def test_a_paced_source_takes_acks_while_it_waits_for_its_next_batch() -> None:
+    """A batch every 100 ms (10 ms of work), a window of one call: the source
+    takes the ack while it waits for its next batch (with fake time the worker
+    runs only while the source waits for acks - a source that slept between
+    batches would leave it idle until the memory bound blocked the source),
+    so every message is done its service time after it was due."""
+    ft = FakeTime(0.0)
+    workers = make_workers(1, ft, [])  # 100 us/message
+    src = SourceCore(0, make_grouping("kg", 1, seed=0), DirectTransport(workers),
+                     SourceSettings(n_workers=1, rate_per_source=1_000.0, max_inflight=1),
+                     clock=ft.clock, sleep=ft.sleep, t0=0.0)
+    src.run([pa.table({"key": ["a"] * 100}) for _ in range(10)])
+    assert src.acked == 1_000 and src.stats().calls == 10
+    # message k of each batch is done (k + 1) x 100 us after the batch was due
+    assert src.lat_sum_s / src.acked == pytest.approx(float(np.mean((np.arange(100) + 1) * 100e-6)))
+
+
+def test_an_outbox_lingers_only_if_more_can_come_before_its_deadline() -> None:
+    """Below its fill target an outbox waits ``linger_s`` to fill its call -
+    unless the source's next messages are routed after that deadline."""
+    from runtime.dataflow.outbox import Outboxes
+    from runtime.dataflow.reliability import Entry
+
+    ft = FakeTime(0.0)
+    sent: list[int] = []
+
+    def send(w: int, entries: list) -> int:
+        sent.append(sum(len(e.idx) for e in entries))
+        return len(sent)
+
+    ob = Outboxes(1, max_inflight=2, outbox_batches=2, call_messages=1_000, linger_s=0.01,
+                  clock=ft.clock)
+    ob.saw_batch(1_000)
+    ob.drain_rates.acked(0, 1_000, 0.0, 0.001)  # a fast worker: calls of up to 1,000
+    ob.queue(Entry(0, 0, np.arange(10, dtype=np.int64), None, np.zeros(10, np.uint64), 0.0))
+    ob.flush(send)  # no next batch known: it lingers
+    ob.flush(send, next_data_at=0.005)  # the next batch comes within the linger: it waits
+    assert sent == []
+    ob.flush(send, next_data_at=0.1)  # nothing comes before its deadline: it goes now
+    assert sent == [10]
 
 
 def test_outboxes_are_bounded_and_keep_fifo_per_worker() -> None:
@@ -595,28 +638,31 @@ def test_a_call_of_one_sliced_entry_sends_only_its_rows() -> None:
     assert len(pickle.dumps(part, protocol=5)) < 2_000 < len(pickle.dumps(parent, protocol=5))
 
 
-def test_a_paced_source_sends_a_lingering_outbox_when_it_is_due() -> None:
-    """Paced at 1,000 msgs/s (a batch every 0.1 s), nothing fills a call: every
-    call leaves exactly ``linger_s`` after its micro-batch was due - but a
-    worker's first, which goes at once (no ack seen yet)."""
+def test_a_paced_source_does_not_linger_when_nothing_can_come_meanwhile() -> None:
+    """Paced at 1,000 msgs/s (a batch every 0.1 s), nothing fills a call
+    within ``linger_s`` (5 ms): every call leaves when its micro-batch was
+    due, not after lingering for nothing. A faster pace, whose next batch
+    comes within the linger, fills the calls."""
     calls, stats, _ = _calls_of(0.005, rate=1_000.0)
     assert stats.calls == len(calls) == 120
-    assert [sent - emit for sent, _, emit in calls[:2]] == [0.0, 0.0]
-    for sent, n, emit in calls[2:]:
-        assert n == 50 and sent - emit == pytest.approx(0.005, abs=1e-9)
+    for sent, n, emit in calls:
+        assert n == 50 and sent == emit
+    fast, stats, _ = _calls_of(0.005, rate=100_000.0)  # a batch every ms: 5 fill a call
+    assert [n for _, n, _ in fast[:2]] == [50, 50]  # a worker's first call goes alone
+    assert max(n for _, n, _ in fast) > 50
 
 
 def test_a_source_behind_its_input_lingers_behind_linger_s() -> None:
     """``behind_linger_s`` applies while the next batch is already due: an
     unpaced source with ``linger_s`` 0 still fills its calls, while a paced
-    one on schedule keeps ``linger_s`` (every call leaves 5 ms after its
-    micro-batch was due, not 60 s)."""
+    one on schedule keeps ``linger_s`` (here every call leaves when its
+    micro-batch was due, since nothing comes within 5 ms - not 60 s later)."""
     unpaced, stats, _ = _calls_of(0.0, behind_linger_s=0.005)
     assert [n for _, n, _ in unpaced] == [50, 50] + [200] * 28 + [150, 150]
     paced, stats, _ = _calls_of(0.005, rate=1_000.0, behind_linger_s=60.0)
     assert stats.calls == len(paced) == 120
-    for sent, n, emit in paced[2:]:
-        assert n == 50 and sent - emit == pytest.approx(0.005, abs=1e-9)
+    for sent, n, emit in paced:  # nothing comes within 5 ms: no linger at all
+        assert n == 50 and sent == emit
 
 
 def test_pacer_behind_is_an_unpaced_source_or_a_late_one() -> None:
