@@ -83,6 +83,16 @@ def _spread(runs: list[dict[str, Any]], key: str, fmt: str) -> str:
     return f" ({format(min(vals), fmt)}-{format(max(vals), fmt)})"
 
 
+def _cells(runs: list[dict[str, Any]] | None) -> tuple[str, str]:
+    """An engine's efficiency cell and its p50 / p99 cell: the medians over
+    its runs, with the range when it ran more than once ("-": not run)."""
+    if not runs:
+        return "-", "-"
+    m = _median(runs)
+    return (f"{m['efficiency']:.3f}" + _spread(runs, "efficiency", ".3f"),
+            f"{m['p50']:,.1f} / {m['p99']:,.1f}" + _spread(runs, "p99", ",.1f"))
+
+
 def table(results: dict[str, Runs], offered: float) -> str:
     """One row per (topology, scheme): each engine's median over its runs
     (and the real engine's range when it ran more than once), the efficiency
@@ -94,23 +104,14 @@ def table(results: dict[str, Runs], offered: float) -> str:
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for key in dict.fromkeys([*sim, *real]):
         ra, rb = sim.get(key), real.get(key)
-        a = _median(ra) if ra else None
-        b = _median(rb) if rb else None
-
-        def eff(m: dict[str, float] | None, runs: list[dict[str, Any]] | None) -> str:
-            return "-" if m is None or not runs else (
-                f"{m['efficiency']:.3f}" + _spread(runs, "efficiency", ".3f"))
-
-        def lat(m: dict[str, float] | None, runs: list[dict[str, Any]] | None) -> str:
-            return "-" if m is None or not runs else (
-                f"{m['p50']:,.1f} / {m['p99']:,.1f}" + _spread(runs, "p99", ",.1f"))
-
+        (eff_a, lat_a), (eff_b, lat_b) = _cells(ra), _cells(rb)
         diff = ratio = "-"
-        if a is not None and b is not None:
+        if ra and rb:
+            a, b = _median(ra), _median(rb)
             diff = f"{a['efficiency'] - b['efficiency']:+.3f}"
             ratio = f"{a['p99'] / b['p99']:.2f}x" if b["p99"] > 0 else "-"
-        lines.append(f"| {key[0]} | {key[1]} | {eff(a, ra)} | {eff(b, rb)} | {diff} | "
-                     f"{lat(a, ra)} | {lat(b, rb)} | {ratio} |")
+        lines.append(f"| {key[0]} | {key[1]} | {eff_a} | {eff_b} | {diff} | {lat_a} | "
+                     f"{lat_b} | {ratio} |")
     return "\n".join(lines)
 
 

@@ -377,16 +377,21 @@ class SourceCore:
             self._take_table(ack.table)
         self._record_vw()
 
+    def _acks_within(self, timeout: float) -> bool:
+        """Take the acks that come within ``timeout`` (returning at the first);
+        False, without waiting, when nothing is in flight."""
+        if not self.outboxes.inflight:
+            return False
+        self._handle(self.transport.wait(list(self.outboxes.inflight), timeout))
+        return True
+
     def _wait_some(self, timeout: float | None = None) -> None:
         self._report_load()  # a blocked source still reports (what it routed)
         self._check_notices()
-        if not self.outboxes.inflight:
-            return
         t = self.clock()
-        slice_s = WAIT_SLICE_S if timeout is None else timeout
-        self._handle(self.transport.wait(list(self.outboxes.inflight), slice_s))
-        self.wait_s += self.clock() - t
-        self._check_notices()
+        if self._acks_within(WAIT_SLICE_S if timeout is None else timeout):
+            self.wait_s += self.clock() - t
+            self._check_notices()
 
     # ------------------------------------------------------------------ failures
     def notify_worker_failed(self, worker: int) -> None:
@@ -763,9 +768,8 @@ class SourceCore:
         two calls per batch starved it while its outbox grew). False, without
         waiting, when nothing is in flight. No load report goes from here
         (``_pace``)."""
-        if not self.outboxes.inflight:
+        if not self._acks_within(timeout):
             return False
-        self._handle(self.transport.wait(list(self.outboxes.inflight), timeout))
         self._check_notices()
         self._flush()
         return True
