@@ -8,7 +8,10 @@ run compiled the same kernels at once, after the run's clock had started:
 (docs/benchmarks.md, "A cold first run"). ``warm()`` runs a tiny simulation
 over the runtime's own cores (``runtime.sim.cores``) for every scheme, in one
 process, which calls every routing, hashing and worker kernel a run calls;
-then a marker file in the cache directory says this version is warm.
+then a marker file in the cache directory says this version is warm - for
+this checkout: numba files a kernel under the absolute path of its source's
+directory, so two checkouts of one version (two clones, CI's fresh clone
+beside a work tree) share the directory but not the kernels.
 
     python -m runtime.sim.warm        # make setup runs it
 
@@ -19,6 +22,7 @@ cold (``start_if_cold``), and waits for it before the actors start.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import os
 import subprocess
 import sys
@@ -29,9 +33,14 @@ MARKER = "warm"
 
 
 def _marker() -> Path:
-    import runtime  # noqa: F401 - sets NUMBA_CACHE_DIR for this version
+    """This checkout's marker in this version's cache directory: ``warm-``
+    and a digest of the package's path (numba's cache subdirectories are
+    named after the sources' directories' absolute paths)."""
+    import runtime  # sets NUMBA_CACHE_DIR for this version
 
-    return Path(os.environ["NUMBA_CACHE_DIR"]) / MARKER
+    root = str(Path(runtime.__file__).resolve().parent)
+    tag = hashlib.sha1(root.encode()).hexdigest()[:12]
+    return Path(os.environ["NUMBA_CACHE_DIR"]) / f"{MARKER}-{tag}"
 
 
 def is_warm() -> bool:

@@ -528,6 +528,29 @@ def test_warm_marks_this_version_of_the_kernels_compiled() -> None:
     assert warm.start_if_cold() is None
 
 
+def test_warm_is_per_checkout_as_numbas_cache_is(tmp_path, monkeypatch) -> None:
+    """numba files each kernel under a subdirectory named after its source
+    directory's absolute path, so another checkout of this version (same
+    cache directory) has none of these kernels: it is not warm. A single
+    marker per version made a fresh clone skip the warm-up, and its first
+    run's sources compiled the kernels after its clock had started (0.65 s of
+    routing; the first half second processed nothing)."""
+    import hashlib
+    import os
+    from pathlib import Path
+
+    import runtime
+    from runtime.sim import warm
+
+    warm.warm()
+    kernels = Path(runtime.__file__).resolve().parent / "kernels"
+    subdir = f"kernels_{hashlib.sha1(str(kernels).encode()).hexdigest()}"
+    assert (Path(os.environ["NUMBA_CACHE_DIR"]) / subdir).is_dir()  # numba's layout
+    assert warm.is_warm()
+    monkeypatch.setattr(runtime, "__file__", str(tmp_path / "runtime" / "__init__.py"))
+    assert not warm.is_warm()  # another checkout of the same sources
+
+
 def test_acg_measures_a_duty_cycled_worker_at_its_capacity_under_partial_load() -> None:
     """At 0.8 of capacity a 0.2 worker's calls often fit in a running part of
     its duty cycle; its measured service rate is still 0.2 of full speed
