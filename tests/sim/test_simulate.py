@@ -518,23 +518,14 @@ def test_every_scheme_splits_and_merges_every_app_exactly(scheme: str, app: str)
     assert table_diff(got, want) is None
 
 
-def test_warm_marks_this_version_of_the_kernels_compiled() -> None:
+def test_warm_marks_this_checkout_of_the_kernels_compiled(tmp_path, monkeypatch) -> None:
     """``runtime.sim.warm`` (make setup; runtime.run when cold) leaves a marker in
-    this version's cache directory; then nothing is started in the background."""
-    from runtime.sim import warm
-
-    warm.warm()
-    assert warm.is_warm()
-    assert warm.start_if_cold() is None
-
-
-def test_warm_is_per_checkout_as_numbas_cache_is(tmp_path, monkeypatch) -> None:
-    """numba files each kernel under a subdirectory named after its source
-    directory's absolute path, so another checkout of this version (same
-    cache directory) has none of these kernels: it is not warm. A single
-    marker per version made a fresh clone skip the warm-up, and its first
-    run's sources compiled the kernels after its clock had started (0.65 s of
-    routing; the first half second processed nothing)."""
+    this version's cache directory; then nothing is started in the background.
+    The marker is this checkout's: numba files each kernel under a subdirectory
+    named after its source directory's absolute path, so another checkout of
+    this version (same cache directory) has none of these kernels and is not
+    warm. One marker per version made a fresh clone skip the warm-up, and its
+    first run's sources compiled the kernels after its clock had started."""
     import hashlib
     import os
     from pathlib import Path
@@ -543,10 +534,11 @@ def test_warm_is_per_checkout_as_numbas_cache_is(tmp_path, monkeypatch) -> None:
     from runtime.sim import warm
 
     warm.warm()
+    assert warm.is_warm()
+    assert warm.start_if_cold() is None
     kernels = Path(runtime.__file__).resolve().parent / "kernels"
     subdir = f"kernels_{hashlib.sha1(str(kernels).encode()).hexdigest()}"
     assert (Path(os.environ["NUMBA_CACHE_DIR"]) / subdir).is_dir()  # numba's layout
-    assert warm.is_warm()
     monkeypatch.setattr(runtime, "__file__", str(tmp_path / "runtime" / "__init__.py"))
     assert not warm.is_warm()  # another checkout of the same sources
 
