@@ -61,7 +61,14 @@ def warm() -> float:
             "sources": 2, "workers": {"count": 3, "capacity": [1, 1, 0.5], "service_us": 50},
             "grouping": {"scheme": scheme}, "app": {"kind": "wordcount"},
             "run": {"batch": 500}}))
+    # the heavy-hitters operator's sketches (a worker's Space-Saving kernels)
+    simulate(load_topology({
+        "input": {"format": "zipf", "messages": 5_000, "keys": 200},
+        "sources": 2, "workers": {"count": 3, "service_us": 50},
+        "grouping": {"scheme": "kg"}, "app": {"kind": "heavy-hitters", "top_k": 10},
+        "run": {"batch": 500}}))
     _warm_array_kinds()
+    _warm_admission()
     marker = _marker()
     marker.parent.mkdir(parents=True, exist_ok=True)
     marker.touch()
@@ -95,6 +102,22 @@ def _warm_array_kinds() -> None:
                 frozen.flags.writeable = False
                 DistinctKeys().add(hashes)
                 DistinctKeys().add(frozen)
+
+
+def _warm_admission() -> None:
+    """acg's admission route (``porc_admit_route``): a source takes it once it
+    knows what each worker holds or a plan brought the workers' shares, which
+    never happens within the tiny simulations above. Missed, every cold
+    first acg run compiled it in its sources mid-stream (0.8-2.3 s of a
+    source's routing; found by the kernel files such a run added)."""
+    import numpy as np
+
+    from runtime.grouping.acg import AdaptiveConsistentGrouping
+
+    g = AdaptiveConsistentGrouping(3)
+    g.on_held(np.array([4, 1, 0]), np.array([1000.0, 2000.0, 0.0]))
+    hashes = np.arange(64, dtype=np.uint64) * np.uint64(0x9E3779B97F4A7C15)
+    g.route_virtual(hashes[8:40])  # a slice, as a source routes each batch of its step
 
 
 def start_if_cold() -> subprocess.Popen[bytes] | None:

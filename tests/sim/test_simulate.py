@@ -543,6 +543,22 @@ def test_warm_marks_this_checkout_of_the_kernels_compiled(tmp_path, monkeypatch)
     assert not warm.is_warm()  # another checkout of the same sources
 
 
+def test_the_warm_up_calls_the_kernels_a_run_calls_that_its_simulations_miss() -> None:
+    """In a fresh process, ``warm()`` calls acg's admission route (a source
+    takes it once it knows what each worker holds, never within the warm-up's
+    tiny simulations) and the heavy-hitters operator's Space-Saving kernels
+    (every simulation counted words). Missed, a cold first run compiled them
+    in its actors mid-stream: acg's route cost its sources 0.8-2.3 s."""
+    code = ("from runtime.sim import warm; from runtime.grouping import acg; "
+            "from runtime.kernels import sketches; warm.warm(); "
+            "print(len(acg.porc_admit_route.signatures), "
+            "len(sketches.ss_update_many.signatures))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=600, cwd=Path(__file__).resolve().parents[2])
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split() == ["1", "1"]
+
+
 def test_acg_measures_a_duty_cycled_worker_at_its_capacity_under_partial_load() -> None:
     """At 0.8 of capacity a 0.2 worker's calls often fit in a running part of
     its duty cycle; its measured service rate is still 0.2 of full speed
