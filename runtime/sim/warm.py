@@ -108,7 +108,7 @@ def _warm_admission() -> None:
     """acg's admission route (``porc_admit_route``): a source takes it once it
     knows what each worker holds or a plan brought the workers' shares, which
     never happens within the tiny simulations above. Missed, every cold
-    first acg run compiled it in its sources mid-stream (0.8-2.3 s of a
+    first acg run compiled it in its sources mid-stream (0.8-0.9 s of a
     source's routing; found by the kernel files such a run added)."""
     import numpy as np
 

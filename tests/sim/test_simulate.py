@@ -548,7 +548,7 @@ def test_the_warm_up_calls_the_kernels_a_run_calls_that_its_simulations_miss() -
     takes it once it knows what each worker holds, never within the warm-up's
     tiny simulations) and the heavy-hitters operator's Space-Saving kernels
     (every simulation counted words). Missed, a cold first run compiled them
-    in its actors mid-stream: acg's route cost its sources 0.8-2.3 s."""
+    in its actors mid-stream: acg's route cost its sources 0.8-0.9 s."""
     code = ("from runtime.sim import warm; from runtime.grouping import acg; "
             "from runtime.kernels import sketches; warm.warm(); "
             "print(len(acg.porc_admit_route.signatures), "
