@@ -83,12 +83,12 @@ def _spread(runs: list[dict[str, Any]], key: str, fmt: str) -> str:
     return f" ({format(min(vals), fmt)}-{format(max(vals), fmt)})"
 
 
-def _cells(runs: list[dict[str, Any]] | None) -> tuple[str, str]:
-    """An engine's efficiency cell and its p50 / p99 cell: the medians over
-    its runs, with the range when it ran more than once ("-": not run)."""
-    if not runs:
+def _cells(runs: list[dict[str, Any]] | None,
+           m: dict[str, float] | None) -> tuple[str, str]:
+    """An engine's efficiency cell and its p50 / p99 cell: the medians ``m``
+    over its runs, with the range when it ran more than once ("-": not run)."""
+    if not runs or m is None:
         return "-", "-"
-    m = _median(runs)
     return (f"{m['efficiency']:.3f}" + _spread(runs, "efficiency", ".3f"),
             f"{m['p50']:,.1f} / {m['p99']:,.1f}" + _spread(runs, "p99", ",.1f"))
 
@@ -104,10 +104,10 @@ def table(results: dict[str, Runs], offered: float) -> str:
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for key in dict.fromkeys([*sim, *real]):
         ra, rb = sim.get(key), real.get(key)
-        (eff_a, lat_a), (eff_b, lat_b) = _cells(ra), _cells(rb)
+        a, b = (_median(ra) if ra else None), (_median(rb) if rb else None)
+        (eff_a, lat_a), (eff_b, lat_b) = _cells(ra, a), _cells(rb, b)
         diff = ratio = "-"
-        if ra and rb:
-            a, b = _median(ra), _median(rb)
+        if a is not None and b is not None:
             diff = f"{a['efficiency'] - b['efficiency']:+.3f}"
             ratio = f"{a['p99'] / b['p99']:.2f}x" if b["p99"] > 0 else "-"
         lines.append(f"| {key[0]} | {key[1]} | {eff_a} | {eff_b} | {diff} | {lat_a} | "

@@ -5,9 +5,10 @@ directory per version of the sources (``runtime/__init__.py``). Cold - the
 first run after an install or an update - every source and worker of a real
 run compiled the same kernels at once, after the run's clock had started:
 1.5-2.5 s with nothing processed, and that run's latency counted it
-(docs/benchmarks.md, "A cold first run"). ``warm()`` runs a tiny simulation
-over the runtime's own cores (``runtime.sim.cores``) for every scheme, in one
-process, which calls every routing, hashing and worker kernel a run calls;
+(docs/benchmarks.md, "A cold first run"). ``warm()`` runs tiny simulations
+over the runtime's own cores (``runtime.sim.cores``) for every scheme,
+saturated and paced, and one of the heavy-hitters operator, in one process:
+they call every routing, hashing and worker kernel a run calls;
 then a marker file in the cache directory says this version is warm - for
 this checkout: numba files a kernel under the absolute path of its source's
 directory, so two checkouts of one version (two clones, CI's fresh clone
@@ -55,12 +56,17 @@ def warm() -> float:
     from runtime.topology import load_topology
 
     t0 = time.perf_counter()
+    # every scheme saturated and paced (at 0.8 of the 2.5 workers' 20,000
+    # msgs/s each): a paced source knows what each worker holds, and acg then
+    # routes with its admission bounds (``porc_admit_route``), which a
+    # saturated source never calls
     for scheme in sorted(SCHEMES):
-        simulate(load_topology({
-            "input": {"format": "zipf", "messages": 5_000, "keys": 200},
-            "sources": 2, "workers": {"count": 3, "capacity": [1, 1, 0.5], "service_us": 50},
-            "grouping": {"scheme": scheme}, "app": {"kind": "wordcount"},
-            "run": {"batch": 500}}))
+        for run in ({"batch": 500}, {"batch": 500, "rate": 40_000}):
+            simulate(load_topology({
+                "input": {"format": "zipf", "messages": 5_000, "keys": 200},
+                "sources": 2,
+                "workers": {"count": 3, "capacity": [1, 1, 0.5], "service_us": 50},
+                "grouping": {"scheme": scheme}, "app": {"kind": "wordcount"}, "run": run}))
     # the heavy-hitters operator's sketches (a worker's Space-Saving kernels)
     simulate(load_topology({
         "input": {"format": "zipf", "messages": 5_000, "keys": 200},
@@ -68,7 +74,6 @@ def warm() -> float:
         "grouping": {"scheme": "kg"}, "app": {"kind": "heavy-hitters", "top_k": 10},
         "run": {"batch": 500}}))
     _warm_array_kinds()
-    _warm_admission()
     marker = _marker()
     marker.parent.mkdir(parents=True, exist_ok=True)
     marker.touch()
@@ -102,22 +107,6 @@ def _warm_array_kinds() -> None:
                 frozen.flags.writeable = False
                 DistinctKeys().add(hashes)
                 DistinctKeys().add(frozen)
-
-
-def _warm_admission() -> None:
-    """acg's admission route (``porc_admit_route``): a source takes it once it
-    knows what each worker holds or a plan brought the workers' shares, which
-    never happens within the tiny simulations above. Missed, every cold
-    first acg run compiled it in its sources mid-stream (0.8-0.9 s of a
-    source's routing; found by the kernel files such a run added)."""
-    import numpy as np
-
-    from runtime.grouping.acg import AdaptiveConsistentGrouping
-
-    g = AdaptiveConsistentGrouping(3)
-    g.on_held(np.array([4, 1, 0]), np.array([1000.0, 2000.0, 0.0]))
-    hashes = np.arange(64, dtype=np.uint64) * np.uint64(0x9E3779B97F4A7C15)
-    g.route_virtual(hashes[8:40])  # a slice, as a source routes each batch of its step
 
 
 def start_if_cold() -> subprocess.Popen[bytes] | None:

@@ -545,10 +545,11 @@ def test_warm_marks_this_checkout_of_the_kernels_compiled(tmp_path, monkeypatch)
 
 def test_the_warm_up_calls_the_kernels_a_run_calls_that_its_simulations_miss() -> None:
     """In a fresh process, ``warm()`` calls acg's admission route (a source
-    takes it once it knows what each worker holds, never within the warm-up's
-    tiny simulations) and the heavy-hitters operator's Space-Saving kernels
-    (every simulation counted words). Missed, a cold first run compiled them
-    in its actors mid-stream: acg's route cost its sources 0.8-0.9 s."""
+    takes it once it knows what each worker holds: paced, never saturated,
+    and the warm-up's simulations were all saturated) and the heavy-hitters
+    operator's Space-Saving kernels (every simulation counted words). Missed,
+    a cold first run compiled them in its actors mid-stream: acg's route cost
+    its sources 0.8-0.9 s."""
     code = ("from runtime.sim import warm; from runtime.grouping import acg; "
             "from runtime.kernels import sketches; warm.warm(); "
             "print(len(acg.porc_admit_route.signatures), "
