@@ -13,11 +13,13 @@ little CPU and is barely slowed by it - use ``duty-cycle`` for sleep-emulated
 work (see docs/design.md, "Facts about the platform").
 
 Exact stopped time: a duty-cycle throttler publishes, for every process it
-throttles, the seconds it has kept it stopped so far, in a small file on its
-node (``stopped_path(pid)``, in ``/dev/shm``), updated just before each
-SIGCONT. A worker's service emulator reads it (``StoppedClock``) to know how
-much of a sleep was a stop - exactly, where guessing from the sleep's
-overshoot also counts a late wake-up (GIL, busy CPU) as a stop.
+throttles, the seconds it has kept it stopped so far and when its latest
+period started, in a small file on its node (``stopped_path(pid)``, in
+``/dev/shm``), updated at each period's start, just before the SIGCONT. A
+worker's service emulator reads it (``StoppedClock``) to know how much of a
+sleep was a stop - exactly, where guessing from the sleep's overshoot also
+counts a late wake-up (GIL, busy CPU) as a stop - and its rate meter to take
+its running share over whole periods (``runtime.dataflow.worker.LoadMeter``).
 
 Safety: every PID ever stopped gets SIGCONT on ``stop()``, when the thread
 exits for any reason (also on exceptions), and at interpreter exit; a
@@ -70,18 +72,21 @@ class ThrottleError(RuntimeError):
 
 #: where throttlers publish stopped time (tmpfs when there is one)
 STOP_DIR = "/dev/shm" if os.path.isdir("/dev/shm") else tempfile.gettempdir()
-_STOP_FMT = struct.Struct("d")
+#: seconds stopped so far, and the clock time at which the latest period
+#: started (0: none yet)
+_STOP_FMT = struct.Struct("dd")
 
 
 def stopped_path(pid: int) -> str:
     return os.path.join(STOP_DIR, f"hetero-stream-stopped-{int(pid)}")
 
 
-def publish_stopped(pid: int, seconds: float) -> None:
-    """Write ``pid``'s total stopped seconds (one 8-byte write: never torn)."""
+def publish_stopped(pid: int, seconds: float, period_start: float = 0.0) -> None:
+    """Write ``pid``'s total stopped seconds and its latest period's start
+    (one 16-byte write; ``StoppedClock`` reads until two reads agree)."""
     fd = os.open(stopped_path(pid), os.O_WRONLY | os.O_CREAT, 0o644)
     try:
-        os.pwrite(fd, _STOP_FMT.pack(float(seconds)), 0)
+        os.pwrite(fd, _STOP_FMT.pack(float(seconds), float(period_start)), 0)
     finally:
         os.close(fd)
 
@@ -98,17 +103,32 @@ class StoppedClock:
         self._next_try = 0.0
 
     def __call__(self) -> float:
+        seen = self._read()
+        return 0.0 if seen is None else seen[0]
+
+    def resumed(self) -> tuple[float, float] | None:
+        """When this process's latest throttle period started (clock time)
+        and the seconds it was stopped before; None before the first."""
+        seen = self._read()
+        return None if seen is None or seen[1] <= 0 else (seen[1], seen[0])
+
+    def _read(self) -> tuple[float, float] | None:
         if self._fd is None:
             now = time.monotonic()
             if now < self._next_try:
-                return 0.0
+                return None
             self._next_try = now + self.retry_s
             try:
                 self._fd = os.open(self.path, os.O_RDONLY)
             except OSError:
-                return 0.0
-        data = os.pread(self._fd, _STOP_FMT.size, 0)
-        return _STOP_FMT.unpack(data)[0] if len(data) == _STOP_FMT.size else 0.0
+                return None
+        data, again = b"", os.pread(self._fd, _STOP_FMT.size, 0)
+        while data != again:  # a write came between: it may have been half done
+            data, again = again, os.pread(self._fd, _STOP_FMT.size, 0)
+        if len(data) != _STOP_FMT.size:
+            return None
+        seconds, start = _STOP_FMT.unpack(data)
+        return seconds, start
 
     def rearm(self) -> None:
         """Look for the throttler's file at the next call, not ``retry_s``
@@ -223,6 +243,7 @@ class DutyCycleThrottler:
         self._schedule: list[tuple[float, int, float]] = []  # (absolute time, pid, capacity)
         self._stopped: dict[int, float] = {}  # PIDs stopped and not resumed: since when
         self._stopped_total: dict[int, float] = {}  # published stopped seconds per PID
+        self._period_start: dict[int, float] = {}  # published: each PID's latest period start
         self._ever: set[int] = set()
         self._lock = threading.Lock()
         self._halt = threading.Event()
@@ -276,7 +297,8 @@ class DutyCycleThrottler:
 
     def _publish(self, pid: int) -> None:
         try:
-            publish_stopped(pid, self._stopped_total.get(pid, 0.0))
+            publish_stopped(pid, self._stopped_total.get(pid, 0.0),
+                            self._period_start.get(pid, 0.0))
         except OSError:  # no shared file: the worker guesses stops from its sleeps
             pass
 
@@ -286,18 +308,17 @@ class DutyCycleThrottler:
         if not self._signal(pid, signal.SIGSTOP):
             self._stopped.pop(pid, None)
 
-    def _end_stop(self, pid: int) -> None:
+    def _end_stop(self, pid: int, period_start: float | None = None) -> None:
         """Publish the stop of ``pid`` that ends now (before its SIGCONT, so the
-        process, when it runs again, already reads a total that includes it)."""
+        process, when it runs again, already reads a total that includes it),
+        and ``period_start``: the period that starts with it (``release``:
+        none - the process runs from now on)."""
         since = self._stopped.pop(pid, None)
         if since is not None:
-            self._stopped_total[pid] = self._stopped_total.get(pid, 0.0) + max(
-                0.0, self.clock() - since)
+            now = self.clock()
+            self._stopped_total[pid] = self._stopped_total.get(pid, 0.0) + max(0.0, now - since)
+            self._period_start[pid] = now if period_start is None else period_start
             self._publish(pid)
-
-    def _resume(self, pid: int) -> None:
-        self._end_stop(pid)
-        self._signal(pid, signal.SIGCONT)
 
     def release(self) -> None:
         """SIGCONT every PID this throttler ever touched (idempotent)."""
@@ -321,9 +342,14 @@ class DutyCycleThrottler:
         start = self.clock()
         with self._lock:
             self._apply_due(start)
-            for pid in list(self._stopped):
-                self._resume(pid)
             plan = sorted((c, pid) for pid, c in self.capacities.items() if c < 1.0)
+            for pid in list(self._stopped):
+                self._end_stop(pid, start)
+                self._signal(pid, signal.SIGCONT)
+            for _, pid in plan:  # one not stopped in the last period: its first
+                if self._period_start.get(pid) != start:
+                    self._period_start[pid] = start
+                    self._publish(pid)
         self.cycles += 1
         for cap, pid in plan:
             delay = start + cap * self.period_s - self.clock()

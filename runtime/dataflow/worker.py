@@ -71,6 +71,11 @@ from runtime.reporting.metrics import DistinctKeys
 
 Clock = Callable[[], float]
 
+#: how early a throttle's period start may be seen on the run's timeline (its
+#: throttler starts with the run) and still be this run's; and the shortest
+#: span of periods that gives a running share
+PERIOD_SLACK_S = 1e-3
+
 #: until its first flush, a worker that reports its rate serves a longer call
 #: in pieces of at most this much emulated work (``WorkerCore._serve``)
 SERVE_PIECE_S = 0.02
@@ -144,10 +149,16 @@ class LoadMeter:
                  stopped_clock: Clock | None = None) -> None:
         """``stopped_clock``: the seconds this process has been kept stopped
         (a duty-cycle throttle's; ``RateMeter`` then counts busy seconds as a
-        slow machine's), or None."""
+        slow machine's), or None. One with a ``resumed()`` method (``(time on
+        ``clock`` of the latest period's start, seconds stopped before it)``,
+        or None) also says when the throttle's periods start: a rate report
+        then takes its running share from the whole periods between the
+        period starts it saw (``take_report``)."""
         self.queue_capacity = int(queue_capacity)
         self.clock = clock
         self.stopped_clock = stopped_clock
+        self._resumed: Callable[[], tuple[float, float] | None] | None = getattr(
+            stopped_clock, "resumed", None)
         self.q_batches = 0  # in the system: queued + in service
         self.q_msgs = 0
         self.slots = _Slots(slot_s)
@@ -157,12 +168,25 @@ class LoadMeter:
         """Start the timeline at ``t0``: empty slots and rate; the queue stays."""
         self.t0 = float(t0)
         self.last_t = self.rel(self.clock())
+        #: the first and the latest period start seen since the last report
+        #: (the run's timeline, seconds stopped before it); the first is the
+        #: last report's latest, so consecutive spans tile the timeline
+        self._periods: tuple[tuple[float, float], tuple[float, float]] | None = None
         self.last_stopped = self._stopped()
         self.window = (self.last_t, self.last_stopped)  # the rate report's start
         self.rate = RateMeter()
         self.slots = _Slots(self.slots.slot_s)
 
     def _stopped(self) -> float:
+        """The seconds stopped so far; notes the latest period start, if told."""
+        if self._resumed is not None:
+            seen = self._resumed()
+            if seen is not None:
+                t, stopped = self.rel(seen[0]), float(seen[1])
+                if t >= -PERIOD_SLACK_S:  # not a start of a previous run's throttle
+                    first = (t, stopped) if self._periods is None else self._periods[0]
+                    self._periods = (first, (t, stopped))
+                return stopped
         return 0.0 if self.stopped_clock is None else float(self.stopped_clock())
 
     def rel(self, t: float) -> float:
@@ -218,6 +242,17 @@ class LoadMeter:
         self.account(self.now())
         t, stopped = self.window
         self.window = (self.last_t, self.last_stopped)
+        span = self._periods
+        if span is not None:
+            self._periods = (span[1], span[1])
+            (t0, s0), (t1, s1) = span
+            if t1 - t0 > PERIOD_SLACK_S:
+                # The running share of whole periods: a window ends wherever
+                # a flush falls (only ever while the process runs), and its
+                # share is up to a running part high - a 0.3 worker's first
+                # 0.11 s window ran 0.36 of it, and the first plan took it for
+                # a 0.36 worker (seconds of tail latency at the start)
+                return self.rate.take(t1 - t0, s1 - s0)
         return self.rate.take(self.last_t - t, self.last_stopped - stopped)
 
     def integrals(self, t: float) -> tuple[float, float]:

@@ -370,6 +370,14 @@ class DutyCycle:
     def __call__(self) -> float:
         return self.stopped(self.vt.now - self.t0)
 
+    def resumed(self) -> tuple[float, float]:
+        """The latest period's start (virtual time) and the seconds stopped
+        before it: what the real throttler publishes at each period's start
+        (``actors.throttle.StoppedClock.resumed``). The worker reads it only
+        while it runs, so in that period's running part."""
+        k = max(0, math.floor((self.vt.now - self.t0) / self.period_s + 1e-9))
+        return self.t0 + k * self.period_s, self.stopped(k * self.period_s)
+
     def sleep(self, seconds: float) -> None:
         self.vt.sleep(self.running_for(self.vt.now - self.t0, seconds))
 

@@ -81,6 +81,31 @@ def test_stopped_time_is_published_before_each_sigcont() -> None:
     assert not os.path.exists(throttle_mod.stopped_path(11))
 
 
+def test_each_period_start_is_published_with_the_stops_before_it() -> None:
+    """A worker's rate meter takes its running share over whole periods: it
+    reads when its latest period started, the first one too (nothing was
+    stopped before it), and the stops before it, in one consistent read."""
+    clk = FakeTime(5.0)
+    seen: list[tuple[float, float] | None] = []
+    clock11 = StoppedClock(11)
+
+    def kill(pid: int, sig: int) -> None:
+        if sig == signal.SIGCONT and pid == 11:
+            seen.append(clock11.resumed())
+
+    th = DutyCycleThrottler(0.1, clock=clk.clock, kill=kill)
+    th.set_capacity(11, 0.3)
+    assert clock11.resumed() is None  # set up: no period yet
+    th.cycle(clk.wait)
+    assert clock11.resumed() == pytest.approx((5.0, 0.0))  # never stopped before it
+    for _ in range(2):
+        th.cycle(clk.wait)
+    assert seen == [pytest.approx((5.1, 0.07)), pytest.approx((5.2, 0.14))]
+    assert clock11() == pytest.approx(0.14)
+    th.stop()
+    clock11.close()
+
+
 def test_a_stopped_clock_built_before_its_throttler_reads_it_once_rearmed() -> None:
     """A worker is built before the run's throttler publishes; its run starts
     after: ``rearm`` (at ``start_run``) reads the file at once, instead of

@@ -124,6 +124,50 @@ def test_a_duty_cycled_workers_busy_seconds_are_a_slow_machines(fake_time) -> No
     assert m.take_report().busy_s == pytest.approx(1.0)
 
 
+class _DutyCycle:
+    """A 0.3 duty cycle of 0.1 s periods from ``ft``'s start, as the real
+    throttler publishes it (``actors.throttle.StoppedClock``): the stops
+    ended so far, and the latest period's start. Read only while running."""
+
+    def __init__(self, ft: FakeTime) -> None:
+        self.ft, self.t0 = ft, ft.t
+
+    def _periods(self) -> int:
+        return int((self.ft.t - self.t0) / 0.1 + 1e-9)
+
+    def __call__(self) -> float:
+        return 0.07 * self._periods()
+
+    def resumed(self) -> tuple[float, float]:
+        return self.t0 + 0.1 * self._periods(), self()
+
+
+def test_a_duty_cycled_workers_running_share_is_taken_over_whole_periods(fake_time) -> None:
+    """A flush falls wherever the process runs, so a window's own share is
+    up to a running part high: saturated (200 us a message at full speed, so
+    1,500 msgs/s at 0.3), the first 0.109 s ran 0.039 of it, a rate of 1,789.
+    Over the whole periods between the period starts it saw, it is 1,500:
+    the first report, and every one after (each span starts at the last's end)."""
+    ft = fake_time
+    for clock, first in ((_DutyCycle(ft), 1500.0), (lambda: 0.07 * int(ft.t / 0.1 + 1e-9), 1789.0)):
+        ft.t = 0.0
+        m = LoadMeter(4, 1.0, ft.t, ft.clock, stopped_clock=clock)
+        m.change(+1, 1000)  # work all the time
+        ft.t = 0.03
+        m.served(150, 0.0, 0.03, binned(np.zeros(150)))  # runs 30 ms of the first period
+        ft.t = 0.109
+        m.served(45, 0.1, 0.109, binned(np.zeros(45)))  # and 9 ms of the second: the flush
+        r = m.take_report()
+        assert r.processed / r.busy_s == pytest.approx(first, rel=1e-3)
+        ft.t = 0.13
+        m.served(105, 0.109, 0.13, binned(np.zeros(105)))
+        ft.t = 0.215
+        m.served(75, 0.2, 0.215, binned(np.zeros(75)))
+        r = m.take_report()
+        if first == 1500.0:
+            assert r.processed / r.busy_s == pytest.approx(1500.0)
+
+
 def test_each_source_gets_its_own_signaler_fed_the_same_samples() -> None:
     off = SourceSignals(None)
     assert not off.wants(0)

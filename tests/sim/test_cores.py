@@ -87,6 +87,19 @@ def test_a_call_to_a_stopped_worker_reaches_it_when_it_runs_again(transit_s: flo
     assert [t for t, _ in got] == pytest.approx([0.01 + transit_s, 0.1, 0.1, 0.12 + transit_s])
 
 
+def test_a_duty_cycle_says_when_its_period_started_as_the_real_throttler_does() -> None:
+    """``resumed()``: the latest period's start and the stops before it
+    (``actors.throttle.StoppedClock.resumed``), read while the worker runs;
+    after a change to 1 the periods go on, with no stop in them."""
+    vt = VirtualTime(t0=2.0)
+    duty = DutyCycle(SimpleNamespace(initial=[0.3], changes=[(0.2, 0, 1.0)]), 0, 2.0, vt)
+    seen = []
+    for at in (2.01, 2.109, 2.215, 2.35):
+        vt.spawn("w", lambda at=at: (vt.sleep(at - vt.now), seen.append(duty.resumed())))
+        vt.run()
+    assert seen == [pytest.approx(x) for x in ((2.0, 0.0), (2.1, 0.07), (2.2, 0.14), (2.3, 0.14))]
+
+
 def _topology(scheme: str, **over) -> dict:
     topo = {
         "name": f"cores-{scheme}",
