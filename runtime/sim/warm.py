@@ -18,11 +18,16 @@ beside a work tree) share the directory but not the kernels.
 
 ``runtime.run`` starts it beside Ray's and Spark's start-up when the cache is
 cold (``start_if_cold``), and waits for it before the actors start.
+
+Each update of the sources makes a new cache directory (0.1-9 MB); a
+warm-up deletes the other versions' directories that no run has used for
+``PRUNE_AFTER_DAYS`` (``start_if_cold`` marks this version's used).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
 import os
 import subprocess
@@ -31,6 +36,8 @@ import time
 from pathlib import Path
 
 MARKER = "warm"
+#: a version's kernel cache that no run used for this long is deleted (``prune``)
+PRUNE_AFTER_DAYS = 14
 
 
 def _marker() -> Path:
@@ -109,10 +116,37 @@ def _warm_array_kinds() -> None:
                 DistinctKeys().add(frozen)
 
 
+def prune(now: float | None = None) -> list[Path]:
+    """Delete the other versions' kernel caches (``numba-<digest>`` beside
+    this one) that no run used for ``PRUNE_AFTER_DAYS``; what was deleted.
+    A running process keeps the kernels it loaded; one that needs a deleted
+    version's again compiles them again."""
+    import shutil
+
+    here = Path(os.environ["NUMBA_CACHE_DIR"])
+    cutoff = (time.time() if now is None else now) - PRUNE_AFTER_DAYS * 86_400
+    gone = []
+    for d in here.parent.glob("numba-*"):
+        name = d.name.removeprefix("numba-")
+        if (d == here or not d.is_dir() or len(name) != 16
+                or any(c not in "0123456789abcdef" for c in name)):
+            continue
+        try:
+            if d.stat().st_mtime < cutoff:
+                shutil.rmtree(d)
+                gone.append(d)
+        except OSError:  # another process's prune, or not ours to delete
+            continue
+    return gone
+
+
 def start_if_cold() -> subprocess.Popen[bytes] | None:
     """``python -m runtime.sim.warm`` in the background when this version's
-    cache is cold (its output discarded), else None."""
+    cache is cold (its output discarded), else None. A warm version's cache
+    is marked used now (``prune`` keeps it)."""
     if is_warm():
+        with contextlib.suppress(OSError):
+            os.utime(_marker().parent)
         return None
     return subprocess.Popen([sys.executable, "-m", "runtime.sim.warm", "--quiet"],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
@@ -129,8 +163,12 @@ def main(argv: list[str] | None = None) -> int:
             print(f"kernels: already compiled ({_marker().parent})")
         return 0
     took = warm()
+    gone = prune()
     if not args.quiet:
         print(f"kernels: compiled for every scheme in {took:.1f} s ({_marker().parent})")
+        if gone:
+            print(f"kernels: deleted {len(gone)} other versions' caches unused for "
+                  f"{PRUNE_AFTER_DAYS} days")
     return 0
 
 

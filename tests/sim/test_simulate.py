@@ -543,6 +543,37 @@ def test_warm_marks_this_checkout_of_the_kernels_compiled(tmp_path, monkeypatch)
     assert not warm.is_warm()  # another checkout of the same sources
 
 
+def test_a_warm_up_deletes_other_versions_kernel_caches_unused_for_weeks(
+        tmp_path, monkeypatch) -> None:
+    """Each update of the sources makes a new cache directory; a warm-up
+    deletes the other versions' that no run used for ``PRUNE_AFTER_DAYS``,
+    and nothing else. A run of a warm version marks its cache used."""
+    import os
+    import time
+
+    from runtime.sim import warm
+
+    now = time.time()
+    here = tmp_path / "numba-00000000000000aa"
+    monkeypatch.setenv("NUMBA_CACHE_DIR", str(here))
+    old, recent = tmp_path / "numba-00000000000000bb", tmp_path / "numba-00000000000000cc"
+    others = [tmp_path / "numba-notours", tmp_path / "jvm-036c3d83479f"]
+    for d in (here, old, recent, *others):
+        (d / "sub").mkdir(parents=True)
+    (tmp_path / "numba-00000000000000dd").write_text("a file")
+    weeks, days = now - (warm.PRUNE_AFTER_DAYS + 1) * 86_400, now - 86_400
+    for p in (here, old, *others, tmp_path / "numba-00000000000000dd"):
+        os.utime(p, (weeks, weeks))
+    os.utime(recent, (days, days))
+    warm._marker().touch()
+    os.utime(here, (weeks, weeks))
+    assert warm.start_if_cold() is None  # warm: used now
+    assert here.stat().st_mtime > days
+    assert warm.prune(now) == [old]
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
+        [here.name, recent.name, "numba-00000000000000dd", *(p.name for p in others)])
+
+
 def test_the_warm_up_calls_the_kernels_a_run_calls_that_its_simulations_miss() -> None:
     """In a fresh process, ``warm()`` calls acg's admission route (a source
     takes it once it knows what each worker holds: paced, never saturated,
