@@ -30,6 +30,7 @@ import argparse
 import contextlib
 import hashlib
 import os
+import re
 import subprocess
 import sys
 import time
@@ -127,9 +128,7 @@ def prune(now: float | None = None) -> list[Path]:
     cutoff = (time.time() if now is None else now) - PRUNE_AFTER_DAYS * 86_400
     gone = []
     for d in here.parent.glob("numba-*"):
-        name = d.name.removeprefix("numba-")
-        if (d == here or not d.is_dir() or len(name) != 16
-                or any(c not in "0123456789abcdef" for c in name)):
+        if d == here or not d.is_dir() or not re.fullmatch(r"numba-[0-9a-f]{16}", d.name):
             continue
         try:
             if d.stat().st_mtime < cutoff:

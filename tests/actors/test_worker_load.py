@@ -142,30 +142,35 @@ class _DutyCycle:
         return self.t0 + 0.1 * self._periods(), self()
 
 
+def _two_reports(ft: FakeTime, stopped_clock) -> tuple[float, float]:
+    """A saturated 0.3 worker (200 us a message at full speed) flushing 9 ms
+    and 15 ms into its second and third periods: its two reports' rates."""
+    ft.t = 0.0
+    m = LoadMeter(4, 1.0, ft.t, ft.clock, stopped_clock=stopped_clock)
+    m.change(+1, 1000)  # work all the time
+    rates = []
+    for served in ((0.03, 150, 0.0), (0.109, 45, 0.1), None, (0.13, 105, 0.109), (0.215, 75, 0.2),
+                   None):
+        if served is None:  # the flush
+            r = m.take_report()
+            rates.append(r.processed / r.busy_s)
+            continue
+        ft.t, n, start = served
+        m.served(n, start, ft.t, binned(np.zeros(n)))
+    return rates[0], rates[1]
+
+
 def test_a_duty_cycled_workers_running_share_is_taken_over_whole_periods(fake_time) -> None:
     """A flush falls wherever the process runs, so a window's own share is
-    up to a running part high: saturated (200 us a message at full speed, so
-    1,500 msgs/s at 0.3), the first 0.109 s ran 0.039 of it, a rate of 1,789.
-    Over the whole periods between the period starts it saw, it is 1,500:
-    the first report, and every one after (each span starts at the last's end)."""
+    up to a running part high: the first 0.109 s ran 0.039 of it, a rate of
+    1,789 for a 1,500 msgs/s worker. Over the whole periods between the
+    period starts it saw, it is 1,500: the first report, and every one after
+    (each span starts at the last's end)."""
     ft = fake_time
-    for clock, first in ((_DutyCycle(ft), 1500.0), (lambda: 0.07 * int(ft.t / 0.1 + 1e-9), 1789.0)):
-        ft.t = 0.0
-        m = LoadMeter(4, 1.0, ft.t, ft.clock, stopped_clock=clock)
-        m.change(+1, 1000)  # work all the time
-        ft.t = 0.03
-        m.served(150, 0.0, 0.03, binned(np.zeros(150)))  # runs 30 ms of the first period
-        ft.t = 0.109
-        m.served(45, 0.1, 0.109, binned(np.zeros(45)))  # and 9 ms of the second: the flush
-        r = m.take_report()
-        assert r.processed / r.busy_s == pytest.approx(first, rel=1e-3)
-        ft.t = 0.13
-        m.served(105, 0.109, 0.13, binned(np.zeros(105)))
-        ft.t = 0.215
-        m.served(75, 0.2, 0.215, binned(np.zeros(75)))
-        r = m.take_report()
-        if first == 1500.0:
-            assert r.processed / r.busy_s == pytest.approx(1500.0)
+    assert _two_reports(ft, _DutyCycle(ft)) == pytest.approx((1500.0, 1500.0))
+    # told only the stops (no period starts): the window's own share
+    window_only = _two_reports(ft, lambda: 0.07 * int(ft.t / 0.1 + 1e-9))
+    assert window_only[0] == pytest.approx(1789.0, rel=1e-3)
 
 
 def test_each_source_gets_its_own_signaler_fed_the_same_samples() -> None:
