@@ -86,7 +86,11 @@ def test_duty_cycle_throttle_matches_capacities(ray_spark) -> None:
     ratios = [r / rates[0] for r in rates]
     print(f"\nthrottle accuracy: full rate {rates[0]:.0f} msgs/s (nominal {1e6 / SERVICE_US:.0f}); "
           + ", ".join(f"cap {c} -> {x:.3f}" for c, x in zip(CAPS, ratios, strict=True)))
-    assert rates[0] > 0.6 * 1e6 / SERVICE_US  # the reference worker itself is not starved
+    # enough served by each for its ratio to mean something (a count, not a
+    # speed: a busy machine slows the reference worker as much as the others -
+    # one with two simulations beside it served 2,169 msgs/s of its 5,000 and
+    # the ratios still held, 0.727 / 0.303 / 0.101)
+    assert min(e - s for s, e in zip(marks["start"], marks["end"], strict=True)) >= 5 * BATCH
     for c, x in zip(CAPS[1:], ratios[1:], strict=True):
         assert abs(x - c) <= _tolerance(c), (c, x, ratios)
 
