@@ -105,7 +105,9 @@ class WorkerSettings:
     utilization (default ``queue_batches``; docs/algorithms.md, "Metrics");
     ``signals``: CG's load signals (None: the scheme needs none);
     ``report_every_s``: coordinated schemes - every flush also carries a rate
-    report, at least this often (None: no reports)."""
+    report, at least this often (None: no reports); ``report_jump``: and a
+    worker whose rate moves by more than this (relative) flushes at once to
+    say so (``LoadMeter.change_seen``; None: it never does)."""
 
     service_us: float
     capacity: float = 1.0
@@ -116,6 +118,7 @@ class WorkerSettings:
     signals: WorkerSignals | None = None
     aggregate_every_s: float = 1.0
     report_every_s: float | None = None
+    report_jump: float | None = None
 
     @classmethod
     def from_topology(cls, topo: Topology, worker: int,
@@ -133,7 +136,8 @@ class WorkerSettings:
             slot_s=run.slot_s,
             signals=SCHEMES[topo.grouping.scheme].worker_signals(topo.grouping_params()),
             aggregate_every_s=topo.app.aggregate_every_s,
-            report_every_s=coordinator.epoch_s if coordinator is not None else None)
+            report_every_s=coordinator.epoch_s if coordinator is not None else None,
+            report_jump=coordinator.jump if coordinator is not None else None)
 
 
 @dataclass(frozen=True)

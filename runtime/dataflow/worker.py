@@ -76,6 +76,12 @@ Clock = Callable[[], float]
 #: span of periods that gives a running share
 PERIOD_SLACK_S = 1e-3
 
+#: a worker that reports its rate checks it for a change over windows of this
+#: long (whole throttle periods under a duty cycle; ``LoadMeter.change_seen``)
+PROBE_S = 0.1
+#: ... each with at least this much time with work (less: too idle to tell)
+PROBE_BUSY_S = 0.05
+
 #: until its first flush, a worker that reports its rate serves a longer call
 #: in pieces of at most this much emulated work (``WorkerCore._serve``)
 SERVE_PIECE_S = 0.02
@@ -132,6 +138,45 @@ class _Slots:
         return math.floor(t / self.slot_s)
 
 
+class _RateWindow:
+    """A ``RateMeter`` and the window it measures: where the window started
+    on the run's timeline (and the seconds stopped before), and the first
+    and the latest throttle period start seen since (``LoadMeter``)."""
+
+    def __init__(self, t: float, stopped: float) -> None:
+        self.rate = RateMeter()
+        self.start = (t, stopped)
+        self.periods: tuple[tuple[float, float], tuple[float, float]] | None = None
+
+    def saw_period(self, t: float, stopped: float) -> None:
+        first = (t, stopped) if self.periods is None else self.periods[0]
+        self.periods = (first, (t, stopped))
+
+    def length(self, now: float) -> float:
+        """Its length so far: of the whole periods in it, if any were seen."""
+        if self.periods is not None:
+            return self.periods[1][0] - self.periods[0][0]
+        return now - self.start[0]
+
+    def take(self, now: float, stopped_now: float,
+             recent: tuple[int, float] | None = None) -> RateReport:
+        """The report up to ``now`` (``stopped_now``); the next window starts there."""
+        t, stopped = self.start
+        self.start = (now, stopped_now)
+        span = self.periods
+        if span is not None:
+            self.periods = (span[1], span[1])  # consecutive spans tile the timeline
+            (t0, s0), (t1, s1) = span
+            if t1 - t0 > PERIOD_SLACK_S:
+                # The running share of whole periods: a window ends wherever
+                # a flush falls (only ever while the process runs), and its
+                # share is up to a running part high - a 0.3 worker's first
+                # 0.11 s window ran 0.36 of it, and the first plan took it for
+                # a 0.36 worker (seconds of tail latency at the start)
+                return self.rate.take(t1 - t0, s1 - s0, recent)
+        return self.rate.take(now - t, stopped_now - stopped, recent)
+
+
 class LoadMeter:
     """A worker's own load, on the run's timeline (seconds since ``t0`` on ``clock``).
 
@@ -168,14 +213,23 @@ class LoadMeter:
         """Start the timeline at ``t0``: empty slots and rate; the queue stays."""
         self.t0 = float(t0)
         self.last_t = self.rel(self.clock())
-        #: the first and the latest period start seen since the last report
-        #: (the run's timeline, seconds stopped before it); the first is the
-        #: last report's latest, so consecutive spans tile the timeline
-        self._periods: tuple[tuple[float, float], tuple[float, float]] | None = None
-        self.last_stopped = self._stopped()
-        self.window = (self.last_t, self.last_stopped)  # the rate report's start
-        self.rate = RateMeter()
+        #: the rate reports' window (``take_report``), and the change probes'
+        #: (``change_seen``): the latest report's rate, the previous probe's
+        #: deviation from it (0: within the threshold, or not a sample)
+        self.report = _RateWindow(self.last_t, 0.0)
+        self.probe = _RateWindow(self.last_t, 0.0)
+        self._windows = (self.report, self.probe)
+        self.last_stopped = self._stopped()  # (the windows see its period start)
+        for w in self._windows:
+            w.start = (self.last_t, self.last_stopped)
+        self._ref: float | None = None
+        self._probe_dev = 0.0
         self.slots = _Slots(self.slots.slot_s)
+
+    @property
+    def rate(self) -> RateMeter:
+        """The rate reports' meter."""
+        return self.report.rate
 
     def _stopped(self) -> float:
         """The seconds stopped so far; notes the latest period start, if told."""
@@ -184,8 +238,8 @@ class LoadMeter:
             if seen is not None:
                 t, stopped = self.rel(seen[0]), float(seen[1])
                 if t >= -PERIOD_SLACK_S:  # not a start of a previous run's throttle
-                    first = (t, stopped) if self._periods is None else self._periods[0]
-                    self._periods = (first, (t, stopped))
+                    for w in self._windows:
+                        w.saw_period(t, stopped)
                 return stopped
         return 0.0 if self.stopped_clock is None else float(self.stopped_clock())
 
@@ -206,8 +260,9 @@ class LoadMeter:
         s.add_interval(s.queue_msgs_area, self.last_t, now_rel, self.q_msgs)
         s.add_interval(s.queue_batches_area, self.last_t, now_rel, self.q_batches)
         stopped = self._stopped()
-        if self.q_batches > 0:  # the rate meter's busy time: time with work
-            self.rate.working(now_rel - self.last_t, stopped - self.last_stopped)
+        if self.q_batches > 0:  # the rate meters' busy time: time with work
+            for w in self._windows:
+                w.rate.working(now_rel - self.last_t, stopped - self.last_stopped)
         self.last_t = max(self.last_t, now_rel)
         self.last_stopped = stopped
 
@@ -235,25 +290,47 @@ class LoadMeter:
         if h is None:
             h = s.latency[k] = LatencyHistogram()
         h.add_binned(latency)
-        self.rate.served(n - credited)
+        self.credit(n - credited)
 
-    def take_report(self) -> RateReport:
-        """The rate meter's report up to now (then it starts afresh)."""
+    def credit(self, n: int) -> None:
+        """``n`` messages served (the rate meters count them)."""
+        for w in self._windows:
+            w.rate.served(n)
+
+    def take_report(self, recent: tuple[int, float] | None = None) -> RateReport:
+        """The rate report up to now (then it starts afresh); ``recent``: a
+        change seen (``change_seen``), which the report carries."""
         self.account(self.now())
-        t, stopped = self.window
-        self.window = (self.last_t, self.last_stopped)
-        span = self._periods
-        if span is not None:
-            self._periods = (span[1], span[1])
-            (t0, s0), (t1, s1) = span
-            if t1 - t0 > PERIOD_SLACK_S:
-                # The running share of whole periods: a window ends wherever
-                # a flush falls (only ever while the process runs), and its
-                # share is up to a running part high - a 0.3 worker's first
-                # 0.11 s window ran 0.36 of it, and the first plan took it for
-                # a 0.36 worker (seconds of tail latency at the start)
-                return self.rate.take(t1 - t0, s1 - s0)
-        return self.rate.take(self.last_t - t, self.last_stopped - stopped)
+        out = self.report.take(self.last_t, self.last_stopped, recent)
+        if recent is not None:
+            self._ref, self._probe_dev = recent[0] / recent[1], 0.0
+        elif out.busy_s >= PROBE_BUSY_S:
+            self._ref = out.processed / out.busy_s
+        return out
+
+    def change_seen(self, jump: float) -> tuple[int, float] | None:
+        """Whether this worker's rate moved by more than ``jump`` (relative)
+        from its latest report's: two probe windows in a row (``PROBE_S``
+        each, with ``PROBE_BUSY_S`` of work) beyond it the same way; then the
+        later one's (messages, busy seconds), else None. A capacity change
+        is then said at once, not when the next report is due."""
+        now = self.now()
+        if self.probe.length(now) < PROBE_S - PERIOD_SLACK_S:
+            return None
+        self.account(now)
+        r = self.probe.take(self.last_t, self.last_stopped)
+        if self._ref is None or r.busy_s < PROBE_BUSY_S:
+            self._probe_dev = 0.0
+            return None
+        dev = r.processed / r.busy_s / self._ref - 1.0
+        if abs(dev) <= jump:
+            self._probe_dev = 0.0
+            return None
+        if self._probe_dev * dev > 0:
+            self._probe_dev = 0.0
+            return (r.processed, r.busy_s)
+        self._probe_dev = dev
+        return None
 
     def integrals(self, t: float) -> tuple[float, float]:
         """Since the start, up to clock time ``t``: queue length (batches) x
@@ -537,7 +614,7 @@ class WorkerCore:
             done += k
             if done < n:
                 with self._lock:
-                    self.load.rate.served(k)
+                    self.load.credit(k)
                 self.maybe_flush()
         return np.concatenate(finish), n - k
 
@@ -588,15 +665,23 @@ class WorkerCore:
                    table=self._tables.take_new(item.source))
 
     def maybe_flush(self, force: bool = False) -> bool:
+        """Flush if one is due (or ``force``), or if this worker saw its rate
+        change (``LoadMeter.change_seen``: its report says so at once)."""
         now = self.clock()
-        if self._dead is not None or (not force and not self._cadence.due(now)):
+        if self._dead is not None:
             return False  # (a failed worker's flushes could never commit)
+        change = None
+        if self.settings.report_jump is not None and self._cadence.reports:
+            with self._lock:
+                change = self.load.change_seen(self.settings.report_jump)
+        if not force and change is None and not self._cadence.due(now):
+            return False
         with self._proc_lock:  # the sink is called in sequence order
             self._cadence.flushed(now)
             flush = self.claims.close(self.worker_id, self.app.flush())
             if self._cadence.reports:
                 with self._lock:
-                    flush.report = self.load.take_report()
+                    flush.report = self.load.take_report(change)
             self.flushes += 1
             if self.sink is not None:
                 self.sink(flush)

@@ -585,6 +585,9 @@ class _Rate:
     #: (t, served before t): the worker was idle at t - its backlog counts from there
     anchor: tuple[float, float] = (0.0, 0.0)
     idle_frac: float = 1.0  # the share of its latest report's window it had no work
+    #: a change the worker saw in its own rate (``RateReport.recent``): the
+    #: (processed, busy s) after it, the new rate at the next ``_update_rates``
+    changed_to: tuple[int, float] | None = None
 
     @property
     def idle(self) -> bool:
@@ -719,8 +722,21 @@ class AcgController:
         self._routed_to[int(source)] = max(last if last is not None else -math.inf, float(now))
 
     def report_from(self, worker: int, report: RateReport, now: float) -> None:
-        """A worker's ``RateMeter.take()`` report, received at ``now``."""
+        """A worker's ``RateMeter.take()`` report, received at ``now``. One
+        that says the worker saw its own rate change (``recent``: its rate
+        since, ``LoadMeter.change_seen``) and is beyond ``jump`` of the
+        estimate resets the rate to it and plans at once: a capacity change
+        is known ~0.2 s after it, not after two epochs' samples (~1 s), the
+        first of which may straddle the change and look like less of one."""
         self.report(worker, report.processed, report.busy_s, now)
+        w = int(worker)
+        if report.recent is None or not self.started or not 0 <= w < self.n_workers:
+            return
+        st = self.rates[w]
+        n, busy = report.recent
+        if st.value and busy > 0 and abs(n / busy - st.value) > self.jump * st.value:
+            st.changed_to = (int(n), float(busy))
+            self._next_plan = min(self._next_plan, float(now))
 
     def routed_from(self, source: int, report: RoutedReport) -> None:
         """A source's ``RoutedMeter.take()`` report. The one that says it has
@@ -820,6 +836,15 @@ class AcgController:
                 # no report for two epochs: busy all along without finishing (stopped)
                 st.busy_s += now - st.last_report
                 st.last_report = now
+            if st.changed_to is not None:  # the worker saw its capacity change
+                n, busy = st.changed_to
+                st.changed_to = None
+                st.value, st.seen_s, st.rel_var, st.pending_jump = n / busy, busy, 0.0, 0.0
+                st.recent = [*st.recent[-(RECENT - 1):], (n / busy, busy)]
+                st.noise = 0.0
+                st.processed, st.busy_s = 0, 0.0  # (straddles the change)
+                self.stats.rate_resets += 1
+                continue
             if st.busy_s < MIN_BUSY_S:
                 continue
             if st.value is None and st.processed == 0 and st.busy_s < self.epoch_s:

@@ -32,10 +32,13 @@ class VwTable:
 @dataclass(frozen=True, slots=True)
 class RateReport:
     """A worker's ``RateMeter.take``: messages served and seconds busy since
-    its previous report (it travels on the worker's flush)."""
+    its previous report (it travels on the worker's flush); ``recent``: the
+    worker saw its rate change (``LoadMeter.change_seen``) - its (messages,
+    busy seconds) since, or None."""
 
     processed: int
     busy_s: float
+    recent: tuple[int, float] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,15 +99,16 @@ class RateMeter:
         self.busy_s += max(0.0, float(seconds))
         self.busy_stopped_s += min(max(0.0, float(stopped)), max(0.0, float(seconds)))
 
-    def take(self, window_s: float = 0.0, window_stopped_s: float = 0.0) -> RateReport:
+    def take(self, window_s: float = 0.0, window_stopped_s: float = 0.0,
+             recent: tuple[int, float] | None = None) -> RateReport:
         """The report since the previous ``take`` (then starts afresh);
         ``window_s``: the seconds since then, ``window_stopped_s`` of them
-        stopped (0: not known, or never stopped)."""
+        stopped (0: not known, or never stopped); ``recent``: the report's."""
         busy = self.busy_s
         running = 1.0 - window_stopped_s / window_s if window_s > 0 else 1.0
         if window_stopped_s > 0 and running >= MIN_RUNNING_SHARE:
             busy = (busy - self.busy_stopped_s) / running
-        out = RateReport(self.processed, busy)
+        out = RateReport(self.processed, busy, recent)
         self.processed, self.busy_s, self.busy_stopped_s = 0, 0.0, 0.0
         return out
 

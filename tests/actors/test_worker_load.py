@@ -173,6 +173,39 @@ def test_a_duty_cycled_workers_running_share_is_taken_over_whole_periods(fake_ti
     assert window_only[0] == pytest.approx(1789.0, rel=1e-3)
 
 
+def test_a_worker_that_slows_says_so_after_two_probe_windows(fake_time) -> None:
+    """Saturated at 5,000 msgs/s, then at 2,500: ``change_seen`` says nothing
+    while the rate stays within ``jump`` of the latest report's (4,500 is),
+    and once two probe windows (``PROBE_S``) in a row are beyond it, the
+    second one's count; the report that carries it makes that the new
+    reference, so the slower rate is said once."""
+    ft = fake_time
+    m = meter(ft)
+    m.change(+1, 10**6)  # work all the time
+    seen = []
+
+    def serve(rate: float, seconds: float) -> None:
+        for _ in range(round(seconds / 0.02)):  # calls of 20 ms
+            ft.sleep(0.02)
+            n = round(rate * 0.02)
+            m.served(n, ft.t - 0.02, ft.t, binned(np.zeros(n)))
+            got = m.change_seen(0.25)
+            if got is not None:
+                seen.append((round(ft.t - start, 2), got))
+
+    start = ft.t
+    serve(5000.0, 0.5)
+    assert m.take_report().processed == 2500  # the reference: 5,000 msgs/s
+    serve(4500.0, 0.5)  # 10% off: not a change
+    assert seen == []
+    serve(2500.0, 0.3)
+    assert [t for t, _ in seen] == [1.2] and seen[0][1] == (250, pytest.approx(0.1))
+    r = m.take_report(seen[0][1])
+    assert r.recent == (250, pytest.approx(0.1))
+    serve(2500.0, 0.5)
+    assert len(seen) == 1
+
+
 def test_each_source_gets_its_own_signaler_fed_the_same_samples() -> None:
     off = SourceSignals(None)
     assert not off.wants(0)

@@ -23,7 +23,7 @@ from runtime.grouping.acg import (
     rebalance_joined,
     table_agreement,
 )
-from runtime.grouping.coordination import RoutedReport
+from runtime.grouping.coordination import RateReport, RoutedReport
 
 R = 16
 
@@ -670,6 +670,35 @@ def test_at_the_streams_end_the_backlogs_are_planned_to_finish_together() -> Non
     still, before0 = _ending_with_a_slow_backlog(0.0)
     assert still.stats.end_plans == 0 and still.finished
     np.testing.assert_allclose(still.backlog() / RATES, before0)
+
+
+def test_a_change_the_worker_saw_is_planned_at_once_from_its_recent_rate() -> None:
+    """A report that says the worker saw its rate change (``recent``) resets
+    the rate to that recent one and plans at once - if it is beyond ``jump``
+    of the estimate; within it, the report is an ordinary one."""
+    sc = Script([1000.0] * 4, epoch_s=0.5)
+    for _ in range(8):
+        sc.epoch(dt=0.5)
+    ctl = sc.ctl
+    due = ctl._next_plan
+    ctl.report_from(0, RateReport(90, 0.1, recent=(82, 0.1)), sc.t + 0.1)  # 820: within
+    assert ctl._next_plan == due and ctl.tick(sc.t + 0.1) is None
+    # the report's whole window straddles the change (700); the recent part is 400
+    ctl.report_from(0, RateReport(70, 0.1, recent=(40, 0.1)), sc.t + 0.2)
+    assert ctl._next_plan == pytest.approx(sc.t + 0.2) and sc.t + 0.2 < due
+    table = ctl.tick(sc.t + 0.2)
+    assert ctl.stats.rate_resets == 1
+    assert ctl.summary()["rates"][0] == pytest.approx(400.0)
+    assert table is not None and np.bincount(table.owner, minlength=4)[0] < R
+
+
+def test_short_noisy_reports_move_nothing_on_a_homogeneous_cluster() -> None:
+    """Reports of 0.1 s with 10% noise: no two in a row beyond ``jump``."""
+    sc = Script([1000.0] * 8, noise=0.1, seed=5)
+    for _ in range(300):
+        sc.epoch(dt=0.1)
+    assert sc.ctl.stats.rate_resets == 0
+    assert sc.ctl.stats.moves == 0 and (sc.counts() == R).all()
 
 
 def test_plan_counts_a_workers_extra_load() -> None:
