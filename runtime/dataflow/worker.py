@@ -304,7 +304,7 @@ class LoadMeter:
         out = self.report.take(self.last_t, self.last_stopped, recent)
         if recent is not None:
             self._ref, self._probe_dev = recent[0] / recent[1], 0.0
-        elif out.busy_s >= PROBE_BUSY_S:
+        elif out.busy_s >= PROBE_BUSY_S and out.processed > 0:
             self._ref = out.processed / out.busy_s
         return out
 
@@ -319,7 +319,7 @@ class LoadMeter:
             return None
         self.account(now)
         r = self.probe.take(self.last_t, self.last_stopped)
-        if self._ref is None or r.busy_s < PROBE_BUSY_S:
+        if not self._ref or r.busy_s < PROBE_BUSY_S:
             self._probe_dev = 0.0
             return None
         dev = r.processed / r.busy_s / self._ref - 1.0

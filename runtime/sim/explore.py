@@ -232,7 +232,8 @@ class Attempt:
         settings = WorkerSettings(
             service_us=20.0, aggregate_every_s=sc.aggregate_every_s, queue_batches=1 << 16,
             throttle="service", signals=scheme.worker_signals(params),
-            report_every_s=0.05 if coordinator is not None else None)
+            report_every_s=0.05 if coordinator is not None else None,
+            report_jump=coordinator.jump if coordinator is not None else None)
         self.workers = [WorkerCore(w, WorkerApp(op), settings, clock=self.vc.clock,
                                    sleep=self.vc.sleep, t0=self.vc.t, sink=self._sink(w))
                         for w in range(sc.workers)]

@@ -206,6 +206,21 @@ def test_a_worker_that_slows_says_so_after_two_probe_windows(fake_time) -> None:
     assert len(seen) == 1
 
 
+def test_a_report_of_nothing_served_is_no_reference_for_a_change(fake_time) -> None:
+    """A worker busy without serving anything (its call stalled) reports a
+    rate of 0: no reference to measure a change against (no division by it),
+    so its probes say nothing until a report with a rate comes."""
+    ft = fake_time
+    m = meter(ft)
+    m.change(+1, 100)
+    ft.sleep(0.5)
+    assert m.take_report().processed == 0
+    for _ in range(10):
+        ft.sleep(0.05)
+        m.served(50, ft.t - 0.05, ft.t, binned(np.zeros(50)))
+        assert m.change_seen(0.25) is None
+
+
 def test_each_source_gets_its_own_signaler_fed_the_same_samples() -> None:
     off = SourceSignals(None)
     assert not off.wants(0)
