@@ -360,7 +360,10 @@ def _session_configs(extra_configs: dict[str, str] | None, *,
     cluster manager may override it). The driver's and (``executors_local``)
     the executors' class archives too (``actors.jvm_archive``), when built."""
     tmp = scratch_dir()
-    here = f"-Djava.io.tmpdir={tmp}"
+    # a JVM's fatal-error log too: a Ray Java worker can crash in Ray's native
+    # library as it exits (SIGSEGV in boost's scheduler destructor, after a
+    # run's answer), and would write hs_err_pid<N>.log into the user's directory
+    here = f"-Djava.io.tmpdir={tmp} -XX:ErrorFile={tmp}/hs_err_pid%p.log"
     configs = {
         "spark.executor.extraJavaOptions":
             f"{JAVA17_OPTIONS} {here} {jvm_archive.java_options('executor')}".rstrip()

@@ -95,6 +95,9 @@ def test_the_spark_scratch_dir_is_the_sessions_and_a_dead_ones_is_removed(
     assert "java.io.tmpdir" not in conf["spark.executor.extraJavaOptions"]
     local = spark_input._session_configs(None, executors_local=True)
     assert f"-Djava.io.tmpdir={d}" in local["spark.executor.extraJavaOptions"]
+    # a JVM's fatal-error log goes there too, not into the user's directory
+    assert f"-XX:ErrorFile={d}/hs_err_pid%p.log" in local["spark.executor.extraJavaOptions"]
+    assert f"-XX:ErrorFile={d}/hs_err_pid%p.log" in conf["spark.driver.extraJavaOptions"]
 
 
 def test_java_options_given_keep_ours_and_come_last(monkeypatch, tmp_path) -> None:
