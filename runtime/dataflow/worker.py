@@ -158,8 +158,7 @@ class _RateWindow:
             return self.periods[1][0] - self.periods[0][0]
         return now - self.start[0]
 
-    def take(self, now: float, stopped_now: float,
-             recent: tuple[int, float] | None = None) -> RateReport:
+    def take(self, now: float, stopped_now: float) -> RateReport:
         """The report up to ``now`` (``stopped_now``); the next window starts there."""
         t, stopped = self.start
         self.start = (now, stopped_now)
@@ -173,8 +172,8 @@ class _RateWindow:
                 # share is up to a running part high - a 0.3 worker's first
                 # 0.11 s window ran 0.36 of it, and the first plan took it for
                 # a 0.36 worker (seconds of tail latency at the start)
-                return self.rate.take(t1 - t0, s1 - s0, recent)
-        return self.rate.take(now - t, stopped_now - stopped, recent)
+                return self.rate.take(t1 - t0, s1 - s0)
+        return self.rate.take(now - t, stopped_now - stopped)
 
 
 class LoadMeter:
@@ -213,15 +212,16 @@ class LoadMeter:
         """Start the timeline at ``t0``: empty slots and rate; the queue stays."""
         self.t0 = float(t0)
         self.last_t = self.rel(self.clock())
-        #: the rate reports' window (``take_report``), and the change probes'
-        #: (``change_seen``): the latest report's rate, the previous probe's
-        #: deviation from it (0: within the threshold, or not a sample)
+        #: the rate reports' window (``take_report``) and the change probes'
+        #: (``change_seen``)
         self.report = _RateWindow(self.last_t, 0.0)
         self.probe = _RateWindow(self.last_t, 0.0)
         self._windows = (self.report, self.probe)
         self.last_stopped = self._stopped()  # (the windows see its period start)
         for w in self._windows:
             w.start = (self.last_t, self.last_stopped)
+        #: the latest report's rate (None: none with a rate yet), and the
+        #: previous probe's deviation from it (0: within the threshold, or no sample)
         self._ref: float | None = None
         self._probe_dev = 0.0
         self.slots = _Slots(self.slots.slot_s)
@@ -301,10 +301,11 @@ class LoadMeter:
         """The rate report up to now (then it starts afresh); ``recent``: a
         change seen (``change_seen``), which the report carries."""
         self.account(self.now())
-        out = self.report.take(self.last_t, self.last_stopped, recent)
+        out = self.report.take(self.last_t, self.last_stopped)
         if recent is not None:
             self._ref, self._probe_dev = recent[0] / recent[1], 0.0
-        elif out.busy_s >= PROBE_BUSY_S and out.processed > 0:
+            return RateReport(out.processed, out.busy_s, recent)
+        if out.busy_s >= PROBE_BUSY_S and out.processed > 0:
             self._ref = out.processed / out.busy_s
         return out
 

@@ -99,16 +99,15 @@ class RateMeter:
         self.busy_s += max(0.0, float(seconds))
         self.busy_stopped_s += min(max(0.0, float(stopped)), max(0.0, float(seconds)))
 
-    def take(self, window_s: float = 0.0, window_stopped_s: float = 0.0,
-             recent: tuple[int, float] | None = None) -> RateReport:
+    def take(self, window_s: float = 0.0, window_stopped_s: float = 0.0) -> RateReport:
         """The report since the previous ``take`` (then starts afresh);
         ``window_s``: the seconds since then, ``window_stopped_s`` of them
-        stopped (0: not known, or never stopped); ``recent``: the report's."""
+        stopped (0: not known, or never stopped)."""
         busy = self.busy_s
         running = 1.0 - window_stopped_s / window_s if window_s > 0 else 1.0
         if window_stopped_s > 0 and running >= MIN_RUNNING_SHARE:
             busy = (busy - self.busy_stopped_s) / running
-        out = RateReport(self.processed, busy, recent)
+        out = RateReport(self.processed, busy)
         self.processed, self.busy_s, self.busy_stopped_s = 0, 0.0, 0.0
         return out
 
