@@ -836,15 +836,11 @@ class AcgController:
                 # no report for two epochs: busy all along without finishing (stopped)
                 st.busy_s += now - st.last_report
                 st.last_report = now
-            if st.changed_to is not None:  # the worker saw its capacity change
-                n, busy = st.changed_to
-                st.changed_to = None
-                st.value, st.seen_s, st.rel_var, st.pending_jump = n / busy, busy, 0.0, 0.0
-                st.recent = [*st.recent[-(RECENT - 1):], (n / busy, busy)]
-                st.noise = 0.0
-                st.processed, st.busy_s = 0, 0.0  # (straddles the change)
-                self.stats.rate_resets += 1
-                continue
+            # the worker saw its capacity change: the sample is its rate since,
+            # not this window's (which straddles the change), and it is a jump
+            seen, st.changed_to = st.changed_to, None
+            if seen is not None:
+                st.processed, st.busy_s = seen
             if st.busy_s < MIN_BUSY_S:
                 continue
             if st.value is None and st.processed == 0 and st.busy_s < self.epoch_s:
@@ -861,7 +857,7 @@ class AcgController:
                 st.value, st.rel_var = sample, 0.0
             else:
                 dev = (sample - st.value) / st.value
-                if st.confirms_jump(dev, self.jump):  # the capacity changed
+                if seen is not None or st.confirms_jump(dev, self.jump):  # the capacity changed
                     st.value, st.seen_s, st.rel_var = sample, st.busy_s, 0.0
                     st.pending_jump = 0.0
                     self.stats.rate_resets += 1
