@@ -62,6 +62,7 @@ and a virtual clock.
 from __future__ import annotations
 
 import collections
+import functools
 import math
 import threading
 import time
@@ -248,16 +249,21 @@ class LoadReports:
         return self.meter.since + (FIRST_PLAN_S if self.early() else self.report_every_s)
 
     def send_due(self, vws: np.ndarray | None = None, final: bool = False,
-                 queued: np.ndarray | None = None, spill: np.ndarray | None = None) -> None:
+                 queued: np.ndarray | None = None, spill: np.ndarray | None = None,
+                 left: Callable[[], np.ndarray] | None = None) -> None:
         """Count ``vws`` (the VW of each message just routed) and ``spill``
         (``RoutedReport``); send the report if it is due, or ``final``, or
         with ``queued`` (the source has routed its whole input: what its
-        outboxes hold per VW; ``RoutedReport``)."""
+        outboxes hold per VW; ``RoutedReport``). ``left``: the source is
+        draining, and a report that is due carries what its outboxes still
+        hold (``left()``) as its ``queued``."""
         routed_all = queued is not None
         self.meter.routed(vws, spill)
         now = self.clock()
         if final or routed_all or now >= self.deadline():
             self.sent += 1
+            if queued is None and left is not None and not final:
+                queued = left()
             self.control.report_routed(self.source, self.meter.take(now, final, queued))
 
     def answer(self, timeout: float | None = 0.0) -> Any:
@@ -339,6 +345,7 @@ class SourceCore:
         self.load_reports = (LoadReports(self.index, grouping.n_virtual, control,
                                          st.report_every_s, clock)
                              if grouping.coordinated and control is not None else None)
+        self._draining = False  # between the report of its whole input routed and the final
         # reference schemes (WRR) are told the configured capacities as they change
         self._cap_changes: list[tuple[float, int, float]] = []
         if self.grouping.knows_capacities:
@@ -487,8 +494,14 @@ class SourceCore:
         table."""
         if self.load_reports is None:
             return
-        queued = self.outboxes.queued_vws(self.grouping.n_virtual) if routed_all else None
-        self.load_reports.send_due(vws, final, queued, self.grouping.take_spill())
+        n_virtual = self.grouping.n_virtual
+        queued = self.outboxes.queued_vws(n_virtual) if routed_all else None
+        # draining: each report says what the outboxes still hold - the end
+        # plan comes when the last source has routed its whole input, which
+        # may be seconds after this one did (the sources' shares of a finite
+        # input end apart), and plans these outboxes as they are then
+        left = functools.partial(self.outboxes.queued_vws, n_virtual) if self._draining else None
+        self.load_reports.send_due(vws, final, queued, self.grouping.take_spill(), left)
         if final or routed_all:
             self._take_table(self.load_reports.answer(timeout=None))
 
@@ -704,7 +717,9 @@ class SourceCore:
             self._pace()
         self._send()
         self._report_load(routed_all=True)  # the answer re-routes the outboxes for the end
+        self._draining = True
         self.drain()
+        self._draining = False
         self._report_load(final=True)
         self._record_vw(force=True)
         self.done = True

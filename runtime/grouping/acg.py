@@ -742,8 +742,10 @@ class AcgController:
         """A source's ``RoutedMeter.take()`` report. The one that says it has
         routed its whole input (with its outboxes' ``queued`` counts) ends the
         planning once every source's has come, with an end plan
-        (``_end_plan``); its last one (``final``, after its drain) says its
-        stream ended (``source_ended``)."""
+        (``_end_plan``); until then a draining source's reports bring its
+        counts up to date (they may be seconds old by the last source's);
+        its last one (``final``, after its drain) says its stream ended
+        (``source_ended``)."""
         self.report_routed(source, report.since, report.now, report.vw_ids, report.vw_counts,
                            report.spill)
         if report.queued is not None:

@@ -165,3 +165,52 @@ def test_a_paced_source_takes_the_first_plan_before_its_second_batch() -> None:
     assert all(t >= 0.5 - 0.01 for t in times[2:])  # then only as it routes
     assert sum(src.sent_per_worker) == 300
     assert src.sent_per_worker[1] < 100 + 100  # batches 2 and 3 by the plan: few to worker 1
+
+
+class _QueuedTransport:
+    """Calls queue at their workers and are served only as the source waits
+    for acks, the oldest first (``DirectTransport`` serves each as it is sent,
+    so no outbox ever holds anything)."""
+
+    def __init__(self, workers: list[WorkerCore]) -> None:
+        self.workers, self.calls, self.n = workers, {}, 0
+
+    def send(self, worker: int, parts: list) -> int:
+        self.n += 1
+        self.calls[self.n] = (worker, self.workers[worker].enqueue(0, parts))
+        return self.n
+
+    def wait(self, tokens, timeout):
+        t = min(tokens)
+        worker, item = self.calls.pop(t)
+        while item.ack is None:
+            assert self.workers[worker].step(timeout=0)
+        return [(t, item.ack)]
+
+
+def test_a_draining_source_says_what_its_outboxes_still_hold() -> None:
+    """Once a source has routed its whole input, each of its reports that is
+    due carries what its outboxes still hold per VW (``queued``) until its
+    final one. acg's end plan is made when the last source has routed its
+    whole input, which may be seconds after this one did, and must plan this
+    source's outboxes as they are then: on a held-out 12-worker cluster one
+    source's counts were 3.1 s old, and the slowest worker drained alone for
+    a second (0.939 of capacity; 0.997 with fresh counts)."""
+    ft = FakeTime()
+    workers = [WorkerCore(i, WorkerApp(builtin_operator("wordcount")),
+                          WorkerSettings(service_us=1000.0, capacity=0.2, throttle="service"),
+                          clock=ft.clock, sleep=ft.sleep, t0=ft.t) for i in range(2)]
+    control = _Control(ft, workers)
+    src = SourceCore(0, make_grouping("acg", 2, seed=0), _QueuedTransport(workers),
+                     SourceSettings(n_workers=2, report_every_s=0.5, outbox=20),
+                     clock=ft.clock, sleep=ft.sleep, t0=ft.t, control=control)
+    src.run([pa.table({"key": [f"k{i}" for i in range(100)]}) for _ in range(6)])
+    left = [(t, r) for t, r in control.reports if r.queued is not None]
+    assert len(left) >= 3  # the report of its whole input routed, then the drain's
+    totals = [int(r.queued.sum()) for _, r in left]
+    assert totals[0] > 0 and totals == sorted(totals, reverse=True) and totals[-1] < totals[0]
+    gaps = np.diff([t for t, _ in left])
+    assert (gaps >= 0.5 - 1e-9).all()  # as often as the reports are due, no more
+    last = control.reports[-1][1]
+    assert last.final and last.queued is None
+    assert sum(src.sent_per_worker) == 600 and sum(w.processed for w in workers) == 600
