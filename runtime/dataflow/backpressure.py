@@ -75,6 +75,10 @@ class DrainRates:
         else:
             self.rate[w] += (1.0 - math.exp(-dt / self.tau_s)) * (sample - self.rate[w])
 
+    def last_ack(self, worker: int) -> float:
+        """When the worker's latest call from this source was acknowledged."""
+        return float(self._last_ack[int(worker)])
+
     def forget(self, worker: int) -> None:
         """``worker`` left: a worker that joins with its id starts unmeasured."""
         self.version += 1

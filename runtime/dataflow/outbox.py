@@ -94,15 +94,28 @@ class Outboxes:
 
     def drain_bounds(self, now: float) -> np.ndarray:
         """Per worker, the most messages per second it can be draining this
-        source's calls at, as far as the acks tell: ``inf``, except for a
-        worker no call of which was acknowledged yet while one is in flight:
-        its oldest call's messages over that call's age (a slow worker's
-        first call is still in service when a fast one's have come back)."""
+        source's calls at, as far as the calls in flight tell (``inf``: none
+        in flight). A worker no call of which was acknowledged yet: its
+        oldest call's messages over that call's age (a slow worker's first
+        call is still in service when a fast one's have come back). Any
+        other: its oldest call's messages over the time since that call's
+        service began (its sending, or the worker's previous ack of this
+        source, whichever is later) - above the acks' rate until the call is
+        overdue; a worker that slowed is bounded at its new pace as soon as
+        its call outlives what it should take, before the acks' average
+        (``DrainRates``, a time constant of ``RATE_TAU_S``) has moved."""
         out = np.full(len(self.queues), np.inf)
+        oldest: set[int] = set()
         for call in self.inflight.values():
             w = call.worker
-            if not self.drain_rates.measured[w] and now > call.sent_at:
-                out[w] = min(out[w], call.messages / (now - call.sent_at))
+            if not self.drain_rates.measured[w]:
+                if now > call.sent_at:
+                    out[w] = min(out[w], call.messages / (now - call.sent_at))
+            elif w not in oldest:
+                oldest.add(w)
+                start = max(call.sent_at, self.drain_rates.last_ack(w))
+                if now > start:
+                    out[w] = call.messages / (now - start)
         return out
 
     def bounds(self, caps: np.ndarray | None = None) -> np.ndarray:

@@ -117,6 +117,11 @@ DRAIN_S = 1.0
 #: workers were idle for less than ``1 - IDLE_BUSY`` of its total rate is
 #: saturated (``AcgController._drain``)
 IDLE_BUSY = 0.95
+#: a rate sample beyond ``jump`` above the estimate resets it at once, with no
+#: second sample to confirm it, from a worker idle for at least this share of
+#: its report's window while the cluster is short of capacity (its VWs' load
+#: above ``IDLE_BUSY`` of its measured rates): a speed-up the plan needs now
+SPEEDUP_IDLE = 0.25
 #: report times kept per worker (backlog estimates interpolate in them)
 REPORT_LOG = 256
 #: a source routes to a worker at most ``1 + ADMIT`` times the worker's share of
@@ -699,7 +704,7 @@ class AcgController:
             st.anchor = (float(now) - float(busy_s), before)
         st.prev_report = float(now)
         if (st.value and st.busy_s >= MIN_BUSY_S
-                and st.confirms_jump((st.processed / st.busy_s - st.value) / st.value, self.jump)):
+                and self._rate_changed(st, (st.processed / st.busy_s - st.value) / st.value)):
             # a capacity change, known now: planned at once, not at the next
             # epoch (up to ``epoch_s`` later; ``_update_rates`` resets the rate)
             self._next_plan = min(self._next_plan, float(now))
@@ -859,9 +864,12 @@ class AcgController:
                 st.value, st.rel_var = sample, 0.0
             else:
                 dev = (sample - st.value) / st.value
-                if seen is not None or st.confirms_jump(dev, self.jump):  # the capacity changed
+                if seen is not None or self._rate_changed(st, dev):  # the capacity changed
+                    # a speed-up taken from one sample may have straddled it:
+                    # the next sample further up in the same direction confirms more
+                    one = seen is None and not st.confirms_jump(dev, self.jump)
                     st.value, st.seen_s, st.rel_var = sample, st.busy_s, 0.0
-                    st.pending_jump = 0.0
+                    st.pending_jump = dev if one else 0.0
                     self.stats.rate_resets += 1
                 else:
                     st.pending_jump = dev if abs(dev) > self.jump else 0.0
@@ -870,6 +878,23 @@ class AcgController:
             # standard error of an EWMA of samples with this variance
             st.noise = math.sqrt(st.rel_var * alpha / (2.0 - alpha))
             st.processed, st.busy_s = 0, 0.0
+
+    def _rate_changed(self, st: _Rate, dev: float) -> bool:
+        """Whether a sample ``dev`` (relative) off ``st``'s estimate is a
+        capacity change: the second beyond ``jump`` in a row, the same way;
+        or one above it from a worker idle ``SPEEDUP_IDLE`` of its window
+        while the cluster is short of capacity. When a fast worker slows, the
+        plan spreads its load over the rates it knows; if another worker sped
+        up at the same time (a fast role that moves), the cluster looks short
+        until the speed-up is confirmed, every worker is planned above its
+        rate and queues build everywhere for an epoch or two. A worker idle
+        for a quarter of its window while the plan is short is not noise."""
+        if st.confirms_jump(dev, self.jump):
+            return True
+        if dev <= self.jump or st.idle_frac < SPEEDUP_IDLE or self.vw_rate is None:
+            return False
+        known = sum(v for w in self.alive if (v := self.rates[w].value) is not None)
+        return float(self.vw_rate.sum()) > IDLE_BUSY * known
 
     def _update_loads(self, now: float) -> None:
         """Fold the complete buckets of routed messages into the per-VW load
@@ -1338,8 +1363,9 @@ class AdaptiveConsistentGrouping(VirtualWorkerGrouping):
                 return
             r[unknown] = r[known].mean()
         if rate_bound is not None:
-            # a worker not measured yet, its first call still in service while
-            # others' came back, is slower than that call's age says
+            # a worker is slower than its oldest call in flight's age says:
+            # one not measured yet whose first call is still in service while
+            # others' came back, one that slowed before its acks said so
             np.minimum(r, rate_bound, out=r)
         np.divide(1.0, r, out=self._msg_s)
         np.divide(held, r, out=self._held_s)

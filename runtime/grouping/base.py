@@ -101,8 +101,8 @@ class Grouping(ABC):
         source measured it (``backpressure.DrainRates``; 0: unmeasured), and
         whether the source is behind its input (its next batch, after this
         step, already due: unpaced, or paced and late), and an upper bound
-        on each unmeasured worker's rate (``Outboxes.drain_bounds``). Others
-        ignore it."""
+        on each worker's rate from its oldest call in flight
+        (``Outboxes.drain_bounds``). Others ignore it."""
         return None
 
     def take_spill(self) -> np.ndarray | None:

@@ -2,6 +2,7 @@
 
 import math
 
+import numpy as np
 import pyarrow as pa
 import pytest
 
@@ -128,3 +129,37 @@ def test_the_memory_bound_is_in_calls_of_the_workers_own_work():
     o.drain_rates.acked(1, 100, sent_at=0.0, now=0.1)  # 1,000/s: cap 100
     # worker 2 never answered: one sub-batch per call, the batch bound
     assert o.bounds().tolist() == [4 * 8192, 4 * 1000, 4 * 1000]
+
+
+def test_an_overdue_call_bounds_its_workers_drain_rate():
+    """The acks measure a worker's drain rate; a call still unanswered bounds
+    it from above as it ages (its messages over the time since its service
+    began: its sending or the previous ack, whichever is later). A worker
+    that slows is then held at its new pace by the sources' admission at
+    once, not after the acks' average has caught up. A worker never answered
+    is bounded by its oldest call's age; a call not yet overdue bounds
+    nothing the rate does not."""
+    from runtime.dataflow.outbox import Outboxes
+    from runtime.dataflow.reliability import Entry
+
+    now = [0.0]
+    o = Outboxes(3, max_inflight=2, outbox_batches=2, call_messages=8192, linger_s=0.0,
+                 clock=lambda: now[0])
+    o.drain_rates.acked(0, 1000, sent_at=0.0, now=0.1)  # 10,000 msgs/s
+    o.drain_rates.acked(1, 1000, sent_at=0.0, now=0.1)
+    now[0] = 0.2
+    for w in range(3):
+        for _ in range(2):
+            o.queue(Entry(w, 0, np.arange(500), None, np.zeros(500, np.uint64), 0.0))
+    sent = []
+    o.flush(lambda w, entries: sent.append(w) or (w, len(sent)), force=True)
+    assert o.calls_per_worker.tolist() == [1, 1, 2]  # one call of 1,000; two of one sub-batch
+    o.drain_rates.acked(1, 100, sent_at=0.1, now=0.22)  # an earlier call of worker 1's answered
+    now[0] = 0.25
+    bounds = o.drain_bounds(now[0])
+    assert bounds[0] == pytest.approx(1000 / 0.05)  # sent at 0.2: not overdue, above its rate
+    assert bounds[1] == pytest.approx(1000 / 0.03)  # in service since the ack at 0.22
+    assert bounds[2] == pytest.approx(500 / 0.05)  # never answered: its oldest call's age
+    now[0] = 0.7  # worker 0 slowed: its call is 0.5 s old, 5x the 0.1 s it should take
+    assert o.drain_bounds(now[0])[0] == pytest.approx(2000.0)
+    assert o.drain_rates.rate[0] == pytest.approx(10_000.0)  # the acks know nothing yet

@@ -726,3 +726,37 @@ def test_a_capacity_change_is_planned_at_the_report_that_confirms_it() -> None:
     assert sc.t < planned_at
     assert sc.ctl.stats.rate_resets == 1
     assert len(sc.tables) > before and sc.counts()[0] < R  # worker 0 gave VWs away
+
+
+@pytest.mark.parametrize("short", [True, False])
+def test_a_speed_up_is_taken_at_once_from_an_idle_worker_while_the_cluster_is_short(
+        short: bool) -> None:
+    """The fast role moves: worker 0 slows (it says so, ``recent``) while
+    worker 1 speeds up. Once the slow-down is known the cluster looks short of
+    capacity (load 3,400 msgs/s, rates 200 + 3 x 1,000), and worker 1's first
+    report of its new rate - mostly idle - is taken at once, with no second
+    sample to confirm it. Without the slow-down the cluster has room, and the
+    same report waits for the next, as any other deviation does."""
+    sc = Script([1000.0] * 4, load=3400.0, epoch_s=0.5)
+    for _ in range(12):
+        sc.epoch(dt=0.5)
+    ctl = sc.ctl
+    t = sc.t
+    if short:
+        ctl.report_from(0, RateReport(40, 0.2, recent=(20, 0.1)), t + 0.1)
+        ctl.tick(t + 0.1)
+        assert ctl.summary()["rates"][0] == pytest.approx(200.0)
+    resets = ctl.stats.rate_resets
+    ctl.report(1, 510, 0.17, t + 0.3)  # 3,000 msgs/s, idle 15 of its window's 20 hundredths
+    assert (ctl._next_plan == pytest.approx(t + 0.3)) == short  # else the epoch's, at t + 0.5
+    ctl.tick(t + 0.3)
+    assert ctl.stats.rate_resets == resets + short
+    assert (ctl.summary()["rates"][1] == pytest.approx(3000.0)) == short
+    if not short:
+        ctl.tick(t + 0.5)  # the epoch's plan: one deviation, maybe noise
+        assert ctl.stats.rate_resets == resets
+        ctl.report(1, 850, 0.28, t + 0.8)  # the second in a row confirms it
+        assert ctl._next_plan == pytest.approx(t + 0.8)
+        ctl.tick(t + 0.8)
+        assert ctl.stats.rate_resets == resets + 1
+        assert ctl.summary()["rates"][1] == pytest.approx(3035.7, rel=1e-3)
