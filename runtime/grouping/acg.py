@@ -122,6 +122,10 @@ IDLE_BUSY = 0.95
 #: its report's window while the cluster is short of capacity (its VWs' load
 #: above ``IDLE_BUSY`` of its measured rates): a speed-up the plan needs now
 SPEEDUP_IDLE = 0.25
+#: ... if it is more than ``SPEEDUP_Z`` times the relative spread of the
+#: worker's previous ``SPEEDUP_SAMPLES`` samples away (and there are that many)
+SPEEDUP_Z = 3.0
+SPEEDUP_SAMPLES = 4
 #: report times kept per worker (backlog estimates interpolate in them)
 REPORT_LOG = 256
 #: a source routes to a worker at most ``1 + ADMIT`` times the worker's share of
@@ -612,6 +616,7 @@ class AcgStats:
     moves: int = 0  # VWs moved by plans
     membership_moves: int = 0  # VWs moved by departures / joins
     rate_resets: int = 0  # capacity changes detected
+    speedups: int = 0  # of them, speed-ups taken from one sample (``SPEEDUP_IDLE``)
     load_resets: int = 0  # VW loads that jumped (a hot key moved)
     end_plans: int = 0  # plans of the backlogs left at the stream's end (``_end_plan``)
     #: per table: (t, version, moved[, predicted gain, gain needed])
@@ -855,7 +860,6 @@ class AcgController:
                 # no rate yet - a 0 would plan it at a thousandth of the others
                 continue
             sample = st.processed / st.busy_s
-            st.recent = [*st.recent[-(RECENT - 1):], (sample, st.busy_s)]
             st.seen_s += st.busy_s
             # EWMA (time constant tau_s of busy time) that averages all samples
             # while it is younger than tau_s: the first ones are short
@@ -871,10 +875,12 @@ class AcgController:
                     st.value, st.seen_s, st.rel_var = sample, st.busy_s, 0.0
                     st.pending_jump = dev if one else 0.0
                     self.stats.rate_resets += 1
+                    self.stats.speedups += one
                 else:
                     st.pending_jump = dev if abs(dev) > self.jump else 0.0
                     st.value += alpha * (sample - st.value)
                     st.rel_var += alpha * (dev * dev - st.rel_var)
+            st.recent = [*st.recent[-(RECENT - 1):], (sample, st.busy_s)]
             # standard error of an EWMA of samples with this variance
             st.noise = math.sqrt(st.rel_var * alpha / (2.0 - alpha))
             st.processed, st.busy_s = 0, 0.0
@@ -892,6 +898,13 @@ class AcgController:
         if st.confirms_jump(dev, self.jump):
             return True
         if dev <= self.jump or st.idle_frac < SPEEDUP_IDLE or self.vw_rate is None:
+            return False
+        # ... and well beyond the spread of its previous samples: a worker's
+        # rate with no emulated work swings 2-3x from one report to the next
+        prev = [x for x, _ in st.recent[-SPEEDUP_SAMPLES:]]
+        mean = float(np.mean(prev)) if prev else 0.0
+        if (len(prev) < SPEEDUP_SAMPLES or mean <= 0
+                or dev <= SPEEDUP_Z * float(np.std(prev)) / mean):
             return False
         known = sum(v for w in self.alive if (v := self.rates[w].value) is not None)
         return float(self.vw_rate.sum()) > IDLE_BUSY * known
@@ -1179,6 +1192,7 @@ class AcgController:
             "version": self.version, "plans": self.stats.plans, "moves": self.stats.moves,
             "membership_moves": self.stats.membership_moves,
             "rate_resets": self.stats.rate_resets,
+            "speedups": self.stats.speedups,
             "load_resets": self.stats.load_resets,
             "end_plans": self.stats.end_plans,
             "rates": None if rate is None else [float(x) for x in rate],
