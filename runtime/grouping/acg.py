@@ -22,7 +22,8 @@ signalling:
   into a table: every ``epoch_s`` it re-estimates the rates (EWMA, time
   constant ``tau_s``, reset when two samples in a row deviate by more than
   ``jump`` - a capacity change, planned for at once: the report that confirms
-  it pulls the next plan forward) and the per-VW loads (EWMA, time constant
+  it pulls the next plan forward; a speed-up needs one sample when the
+  worker was idle and the cluster is short, ``SPEEDUP_IDLE``) and the per-VW loads (EWMA, time constant
   ``load_tau_s``, reset when a VW's count leaves its estimate by
   ``LOAD_JUMP_Z`` standard errors and 2x, the same way two ticks in a row - a
   hot key that moved), and runs ``plan_table``:
@@ -889,7 +890,8 @@ class AcgController:
         """Whether a sample ``dev`` (relative) off ``st``'s estimate is a
         capacity change: the second beyond ``jump`` in a row, the same way;
         or one above it from a worker idle ``SPEEDUP_IDLE`` of its window
-        while the cluster is short of capacity. When a fast worker slows, the
+        while the cluster is short of capacity, more than ``SPEEDUP_Z`` times
+        the spread of the worker's previous samples off. When a fast worker slows, the
         plan spreads its load over the rates it knows; if another worker sped
         up at the same time (a fast role that moves), the cluster looks short
         until the speed-up is confirmed, every worker is planned above its
