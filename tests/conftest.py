@@ -33,19 +33,20 @@ def ray_spark():
     """``(SparkSession)`` on a fresh local Ray cluster; both stopped at the end."""
     import ray
 
-    from actors.engine import ray_system_config, shutdown_ray
+    from actors.engine import dashboard_beside_raylet, ray_system_config, shutdown_ray
     from actors.spark_input import start_spark, stop_spark
 
     if ray.is_initialized():  # a previous fixture/test left one: start clean
         ray.shutdown()
-    ray.init(
-        num_cpus=RAY_TEST_CPUS,
-        include_dashboard=False,
-        logging_level="WARNING",
-        log_to_driver=False,
-        configure_logging=True,
-        _system_config=ray_system_config(),  # metrics every second, calls inline up to 1 MiB
-    )
+    with dashboard_beside_raylet():
+        ray.init(
+            num_cpus=RAY_TEST_CPUS,
+            include_dashboard=False,
+            logging_level="WARNING",
+            log_to_driver=False,
+            configure_logging=True,
+            _system_config=ray_system_config(),  # metrics every second, calls inline up to 1 MiB
+        )
     try:
         spark = start_spark()
         yield spark

@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import time
 
 import pytest
 
@@ -39,6 +40,57 @@ def test_a_cluster_we_start_gives_the_job_no_runtime_env(monkeypatch) -> None:
     assert engine.job_runtime_env(False, "/repo", shipped) == {
         "env_vars": {"PYTHONPATH": "/repo", "RAY_max_direct_call_object_size": "1048576"},
         **shipped}
+
+
+class _Node:
+    """What ``Node.__init__`` does for a head node, in order: the head processes
+    (ending with the dashboard, whose start returns once it answers), then the
+    raylet and the rest."""
+
+    def __init__(self, events: list[str], dashboard_fails: bool = False) -> None:
+        self.events, self.dashboard_fails = events, dashboard_fails
+        self.start_api_server(include_dashboard=True, raise_on_failure=True)
+        self.start_ray_processes()
+        events.append("node up")
+
+    def start_api_server(self, *, include_dashboard, raise_on_failure) -> None:
+        time.sleep(0.3)  # the dashboard's start, until it has published its address
+        if self.dashboard_fails:
+            raise RuntimeError("the dashboard did not start")
+        self.events.append("dashboard up")
+
+    def start_ray_processes(self) -> None:
+        self.events.append("raylet started")
+
+
+def test_the_dashboard_starts_beside_the_raylet_and_is_up_before_the_node(monkeypatch) -> None:
+    from ray._private import node as node_mod
+
+    monkeypatch.setattr(node_mod, "Node", _Node)
+    events: list[str] = []
+    with engine.dashboard_beside_raylet():
+        _Node(events)
+    # the raylet did not wait for the dashboard; the node waited for both
+    assert events == ["raylet started", "dashboard up", "node up"]
+    with engine.dashboard_beside_raylet():
+        with pytest.raises(RuntimeError, match="the dashboard did not start"):
+            _Node([], dashboard_fails=True)  # raised where Ray raised it
+    events = []
+    _Node(events)  # outside the block Ray's own order is back
+    assert events == ["dashboard up", "raylet started", "node up"]
+
+
+def test_a_ray_without_the_methods_is_left_alone(monkeypatch) -> None:
+    from ray._private import node as node_mod
+
+    class Other:
+        pass
+
+    monkeypatch.setattr(node_mod, "Node", Other)
+    with engine.dashboard_beside_raylet():
+        assert not hasattr(Other, "start_api_server")  # nothing added
+        assert not hasattr(Other, "start_ray_processes")
+    assert not hasattr(Other, "start_api_server")
 
 
 def test_rays_token_auth_notice_goes_to_the_engine_log(tmp_path) -> None:
