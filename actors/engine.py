@@ -171,10 +171,9 @@ def dashboard_beside_raylet() -> Iterator[None]:
     if api is None or processes is None:
         yield
         return
-    started: dict[int, tuple[threading.Event, list[BaseException]]] = {}
-
     def start_api_server(self: Any, **kw: Any) -> None:
         up, errors = threading.Event(), list[BaseException]()
+        self._hs_dashboard_start = (up, errors)  # start_ray_processes waits on it
 
         def target() -> None:
             try:
@@ -188,13 +187,12 @@ def dashboard_beside_raylet() -> Iterator[None]:
                     time.sleep(0.5)
 
         threading.Thread(target=target, name="ray-dashboard", daemon=True).start()
-        started[id(self)] = (up, errors)
 
     def start_ray_processes(self: Any) -> None:
         try:
             processes(self)
         finally:
-            up, errors = started.pop(id(self), (None, []))
+            up, errors = self.__dict__.pop("_hs_dashboard_start", (None, []))
             if up is not None:
                 up.wait()
         if errors:

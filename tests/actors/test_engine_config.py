@@ -7,7 +7,7 @@ import os
 import subprocess
 import sys
 import tempfile
-import time
+import threading
 
 import pytest
 
@@ -45,22 +45,27 @@ def test_a_cluster_we_start_gives_the_job_no_runtime_env(monkeypatch) -> None:
 class _Node:
     """What ``Node.__init__`` does for a head node, in order: the head processes
     (ending with the dashboard, whose start returns once it answers), then the
-    raylet and the rest."""
+    raylet and the rest. Started from a thread of its own, the dashboard
+    answers only once the raylet has started (no timing involved)."""
 
     def __init__(self, events: list[str], dashboard_fails: bool = False) -> None:
         self.events, self.dashboard_fails = events, dashboard_fails
+        self.raylet = threading.Event()
+        self.all_processes: dict[str, list] = {}  # no dashboard process to watch
         self.start_api_server(include_dashboard=True, raise_on_failure=True)
         self.start_ray_processes()
         events.append("node up")
 
     def start_api_server(self, *, include_dashboard, raise_on_failure) -> None:
-        time.sleep(0.3)  # the dashboard's start, until it has published its address
+        if threading.current_thread() is not threading.main_thread():
+            assert self.raylet.wait(30)
         if self.dashboard_fails:
             raise RuntimeError("the dashboard did not start")
         self.events.append("dashboard up")
 
     def start_ray_processes(self) -> None:
         self.events.append("raylet started")
+        self.raylet.set()
 
 
 def test_the_dashboard_starts_beside_the_raylet_and_is_up_before_the_node(monkeypatch) -> None:
