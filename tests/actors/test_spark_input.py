@@ -141,6 +141,26 @@ def test_csv_and_json_round_trip_with_int_and_null_keys(ray_spark, tmp_path) -> 
     assert ref.to_pylist()[-1] == {"key": None, "count": 2}
 
 
+def test_a_text_file_is_read_in_several_partitions_in_file_order(ray_spark, tmp_path) -> None:
+    """One CSV or JSON file of a few MB is read in partitions of ~1 MB (its
+    first rows reach the sources before Spark has parsed it all), its rows in
+    the file's order; then a Parquet read has Spark's own split settings again."""
+    keys = [f"k{i:07d}" for i in range(300_000)]  # ~2.7 MB of CSV
+    csv = tmp_path / "big.csv"
+    csv.write_text("key\n" + "\n".join(keys) + "\n")
+    js = tmp_path / "big.json"
+    js.write_text("\n".join(f'{{"key": "{k}"}}' for k in keys[:150_000]) + "\n")
+    for path, fmt, want in ((csv, "csv", keys), (js, "json", keys[:150_000])):
+        df = build_dataframe(ray_spark, _topo({"format": fmt, "path": str(path)}))
+        got = _collect(df)
+        assert df.rdd.getNumPartitions() >= 2, fmt
+        assert got.column("key").to_pylist() == want, fmt
+    assert ray_spark.conf.get("spark.sql.files.minPartitionNum") == "16"
+    df = build_dataframe(ray_spark, _topo({"format": "parquet", "path": FILES}))
+    assert ray_spark.conf.get("spark.sql.files.minPartitionNum", None) is None
+    assert _collect(df).num_rows == pq.read_metadata(FILES).num_rows
+
+
 def test_reference_wordcount_equals_pyarrow_and_the_apps(ray_spark) -> None:
     df = build_dataframe(ray_spark, _topo({"format": "parquet", "path": FILES}))
     ref = reference_result(df, "wordcount")
