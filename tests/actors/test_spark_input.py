@@ -156,6 +156,9 @@ def test_a_text_file_is_read_in_several_partitions_in_file_order(ray_spark, tmp_
         assert df.rdd.getNumPartitions() >= 2, fmt
         assert got.column("key").to_pylist() == want, fmt
     assert ray_spark.conf.get("spark.sql.files.minPartitionNum") == "16"
+    # a limit still takes the file's first rows, across its pieces
+    df = build_dataframe(ray_spark, _topo({"format": "csv", "path": str(csv), "limit": 250_000}))
+    assert _collect(df).column("key").to_pylist() == keys[:250_000]
     df = build_dataframe(ray_spark, _topo({"format": "parquet", "path": FILES}))
     assert ray_spark.conf.get("spark.sql.files.minPartitionNum", None) is None
     assert _collect(df).num_rows == pq.read_metadata(FILES).num_rows
