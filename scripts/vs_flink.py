@@ -7,7 +7,8 @@
    same CSV rows. End to end as a user waits for it (ours: ``python -m
    runtime.run``, Ray and Spark start included; Flink: its Python client
    submitting to the running cluster, whose start-up is shown apart), and each
-   engine's own processing time.
+   engine's own processing time. Ours also as a warm session's second run
+   (``acg (warm)``: Ray, Spark and the actors up, as Flink's cluster is).
 2. **keyed** - keyed work on a heterogeneous cluster: every record costs
    ``service_us`` of emulated work on both sides (the project's
    ``ServiceEmulator``: ours in the workers, Flink's in a Python
