@@ -830,6 +830,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--warm-run", type=Path, default=None, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.warm_run is not None:  # the count job's warm row, in a process of its own
+        if args.out is None:
+            p.error("--warm-run needs --out")
         warm_run(args.warm_run, args.out.resolve())
         return 0
     if args.install_only:
