@@ -81,6 +81,19 @@ PERIOD_SLACK_S = 1e-3
 PROBE_S = 0.1
 #: ... each with at least this much time with work (less: too idle to tell)
 PROBE_BUSY_S = 0.05
+#: a worker whose last ``STEADY_PROBES`` probe windows (with at least
+#: ``STEADY_BUSY_S`` of work each) all stayed within ``STEADY_DEV`` of its
+#: latest report's rate is steady: its windows then count with
+#: ``STEADY_BUSY_S`` of work when beyond ``STEADY_JUMP`` (two in a row, as any
+#: change). A worker sped up 5x at 80% load is ~16% busy, too idle for
+#: ``PROBE_BUSY_S``: without this its speed-up waited for a report (~0.4 s,
+#: its backlog building on the workers it should relieve). A rate that swings
+#: (no emulated work; a duty-cycled worker at partial load) is never steady,
+#: and is judged as before.
+STEADY_PROBES = 5
+STEADY_BUSY_S = 0.01
+STEADY_DEV = 0.1
+STEADY_JUMP = 0.5
 
 #: until its first flush, a worker that reports its rate serves a longer call
 #: in pieces of at most this much emulated work (``WorkerCore._serve``)
@@ -224,6 +237,8 @@ class LoadMeter:
         #: previous probe's deviation from it (0: within the threshold, or no sample)
         self._ref: float | None = None
         self._probe_dev = 0.0
+        self._lenient = False  # the next probe window may have little work
+        self._steady = 0  # probe windows in a row within STEADY_DEV of the rate
         self.slots = _Slots(self.slots.slot_s)
 
     @property
@@ -303,7 +318,7 @@ class LoadMeter:
         self.account(self.now())
         out = self.report.take(self.last_t, self.last_stopped)
         if recent is not None:
-            self._ref, self._probe_dev = recent[0] / recent[1], 0.0
+            self._ref = recent[0] / recent[1]
             return RateReport(out.processed, out.busy_s, recent)
         if out.busy_s >= PROBE_BUSY_S and out.processed > 0:
             self._ref = out.processed / out.busy_s
@@ -312,25 +327,39 @@ class LoadMeter:
     def change_seen(self, jump: float) -> tuple[int, float] | None:
         """Whether this worker's rate moved by more than ``jump`` (relative)
         from its latest report's: two probe windows in a row (``PROBE_S``
-        each, with ``PROBE_BUSY_S`` of work) beyond it the same way; then the
-        later one's (messages, busy seconds), else None. A capacity change
-        is then said at once, not when the next report is due."""
+        each, with ``PROBE_BUSY_S`` of work, or ``STEADY_BUSY_S`` for a
+        steady worker's beyond ``STEADY_JUMP``) beyond it the same way; then
+        the later one's (messages, busy seconds), which is the reference from
+        then on, else None. A capacity change is then said at once, not when
+        the next report is due."""
         now = self.now()
         if self.probe.length(now) < PROBE_S - PERIOD_SLACK_S:
             return None
         self.account(now)
         r = self.probe.take(self.last_t, self.last_stopped)
-        if not self._ref or r.busy_s < PROBE_BUSY_S:
+        if (not self._ref or r.busy_s < STEADY_BUSY_S
+                or (r.busy_s < PROBE_BUSY_S and r.processed == 0)):
             self._probe_dev = 0.0
             return None
         dev = r.processed / r.busy_s / self._ref - 1.0
-        if abs(dev) <= jump:
+        steady, self._steady = (self._steady >= STEADY_PROBES,
+                                self._steady + 1 if abs(dev) <= STEADY_DEV else 0)
+        # lenient: a steady worker's window, or the one after a steady
+        # worker's window beyond ``jump`` or its change seen (the change may
+        # have fallen inside that one)
+        lenient, self._lenient = steady or self._lenient, False
+        if abs(dev) <= jump or (r.busy_s < PROBE_BUSY_S
+                                and not (lenient and abs(dev) > STEADY_JUMP)):
             self._probe_dev = 0.0
             return None
         if self._probe_dev * dev > 0:
-            self._probe_dev = 0.0
+            # a steady worker's change may have fallen inside the window: the
+            # next one, the same way beyond ``jump`` of this rate, says the
+            # rest of it at once (a worker that was not steady starts afresh)
+            self._probe_dev, self._steady, self._lenient = (dev if lenient else 0.0), 0, lenient
+            self._ref = r.processed / r.busy_s  # (as the report that carries it will)
             return (r.processed, r.busy_s)
-        self._probe_dev = dev
+        self._probe_dev, self._lenient = dev, steady
         return None
 
     def integrals(self, t: float) -> tuple[float, float]:

@@ -206,6 +206,61 @@ def test_a_worker_that_slows_says_so_after_two_probe_windows(fake_time) -> None:
     assert len(seen) == 1
 
 
+def _serve_partly(ft: FakeTime, m: LoadMeter, rate: float, busy: float, seconds: float,
+                  seen: list, start: float) -> None:
+    """Calls every 20 ms, each served at ``rate`` msgs/s and taking ``busy``
+    of the 20 ms (idle the rest); ``change_seen`` after each, what it says
+    noted in ``seen`` as (seconds since ``start``, its answer)."""
+    for _ in range(round(seconds / 0.02)):
+        work = 0.02 * busy
+        n = round(rate * work)
+        m.change(+1, n)
+        ft.sleep(work)
+        m.served(n, ft.t - work, ft.t, binned(np.zeros(n)))
+        m.change(-1, -n)
+        ft.sleep(0.02 - work)
+        got = m.change_seen(0.25)
+        if got is not None:
+            seen.append((round(ft.t - start, 2), got))
+
+
+def test_a_steady_worker_that_speeds_up_says_so_while_mostly_idle(fake_time) -> None:
+    """A worker steady at 1,000 msgs/s and 80% busy becomes 5x faster with
+    the same arrivals: 16% busy, 0.016 s of work per probe window, too little
+    for ``PROBE_BUSY_S``. Steady for ``STEADY_PROBES`` windows before, its
+    windows count with ``STEADY_BUSY_S`` of work when beyond ``STEADY_JUMP``:
+    the speed-up is said after two windows, and nothing more after it."""
+    ft = fake_time
+    m, seen, start = meter(ft), [], fake_time.t
+    _serve_partly(ft, m, 1000.0, 0.8, 0.5, seen, start)
+    assert m.take_report().processed == 400  # the reference: 1,000 msgs/s
+    _serve_partly(ft, m, 1000.0, 0.8, 0.5, seen, start)
+    assert seen == []
+    _serve_partly(ft, m, 5000.0, 0.16, 0.2, seen, start)
+    assert [t for t, _ in seen] == [1.2]
+    n, busy = seen[0][1]
+    assert n / busy == pytest.approx(5000.0)
+    m.take_report(seen[0][1])
+    _serve_partly(ft, m, 5000.0, 0.16, 1.0, seen, start)
+    assert len(seen) == 1
+
+
+def test_a_worker_whose_rate_swings_gets_no_lenient_windows(fake_time) -> None:
+    """A worker whose probe windows swing by 40% around its rate (no
+    emulated work: calls of microseconds) is never steady: a speed-up with
+    less than ``PROBE_BUSY_S`` of work per window is not said, as before."""
+    ft = fake_time
+    m, seen, start = meter(ft), [], fake_time.t
+    for i in range(5):
+        _serve_partly(ft, m, 1000.0 * (1.4 if i % 2 else 0.7), 0.8, 0.1, seen, start)
+    assert m.take_report().processed > 0
+    for i in range(10):
+        _serve_partly(ft, m, 1000.0 * (1.4 if i % 2 else 0.7), 0.8, 0.1, seen, start)
+    assert seen == []
+    _serve_partly(ft, m, 5000.0, 0.16, 1.0, seen, start)
+    assert seen == []
+
+
 def test_a_report_of_nothing_served_is_no_reference_for_a_change(fake_time) -> None:
     """A worker busy without serving anything (its call stalled) reports a
     rate of 0: no reference to measure a change against (no division by it),
