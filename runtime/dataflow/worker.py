@@ -89,11 +89,15 @@ PROBE_BUSY_S = 0.05
 #: ``PROBE_BUSY_S``: without this its speed-up waited for a report (~0.4 s,
 #: its backlog building on the workers it should relieve). A rate that swings
 #: (no emulated work; a duty-cycled worker at partial load) is never steady,
-#: and is judged as before.
+#: and is judged as before. A steady worker's window of at least
+#: ``STEADY_ALONE_S`` of work beyond ``STEADY_JUMP`` is a change on its own: a
+#: worker that slowed 3x serves a call sized for its old rate for 0.3 s, and
+#: its windows end with its calls.
 STEADY_PROBES = 5
 STEADY_BUSY_S = 0.01
 STEADY_DEV = 0.1
 STEADY_JUMP = 0.5
+STEADY_ALONE_S = 0.2
 
 #: until its first flush, a worker that reports its rate serves a longer call
 #: in pieces of at most this much emulated work (``WorkerCore._serve``)
@@ -328,7 +332,8 @@ class LoadMeter:
         """Whether this worker's rate moved by more than ``jump`` (relative)
         from its latest report's: two probe windows in a row (``PROBE_S``
         each, with ``PROBE_BUSY_S`` of work, or ``STEADY_BUSY_S`` for a
-        steady worker's beyond ``STEADY_JUMP``) beyond it the same way; then
+        steady worker's beyond ``STEADY_JUMP``) beyond it the same way, or one
+        of a steady worker's with ``STEADY_ALONE_S`` of work; then
         the later one's (messages, busy seconds), which is the reference from
         then on, else None. A capacity change is then said at once, not when
         the next report is due."""
@@ -352,7 +357,8 @@ class LoadMeter:
                                 and not (lenient and abs(dev) > STEADY_JUMP)):
             self._probe_dev = 0.0
             return None
-        if self._probe_dev * dev > 0:
+        if self._probe_dev * dev > 0 or (steady and abs(dev) > STEADY_JUMP
+                                         and r.busy_s >= STEADY_ALONE_S):
             # a steady worker's change may have fallen inside the window: the
             # next one, the same way beyond ``jump`` of this rate, says the
             # rest of it at once (a worker that was not steady starts afresh)

@@ -245,6 +245,26 @@ def test_a_steady_worker_that_speeds_up_says_so_while_mostly_idle(fake_time) -> 
     assert len(seen) == 1
 
 
+def test_a_steady_worker_that_slows_in_a_long_call_says_so_after_it(fake_time) -> None:
+    """Saturated and steady at 5,000 msgs/s, a worker slows to 1,000 and its
+    next calls (sized for the old rate) take 0.25 s each: the first call's
+    window, at least ``STEADY_ALONE_S`` of work beyond ``STEADY_JUMP``, is
+    the change on its own."""
+    ft = fake_time
+    m, seen, start = meter(ft), [], fake_time.t
+    m.change(+1, 10**6)  # work all the time
+    _serve_partly(ft, m, 5000.0, 1.0, 0.5, seen, start)
+    assert m.take_report().processed == 2500
+    _serve_partly(ft, m, 5000.0, 1.0, 0.6, seen, start)
+    for _ in range(2):
+        ft.sleep(0.25)
+        m.served(250, ft.t - 0.25, ft.t, binned(np.zeros(250)))
+        got = m.change_seen(0.25)
+        if got is not None:
+            seen.append((round(ft.t - start, 2), got))
+    assert [t for t, _ in seen] == [1.35] and seen[0][1] == (250, pytest.approx(0.25))
+
+
 def test_a_worker_whose_rate_swings_gets_no_lenient_windows(fake_time) -> None:
     """A worker whose probe windows swing by 40% around its rate (no
     emulated work: calls of microseconds) is never steady: a speed-up with
