@@ -231,9 +231,10 @@ def test_acg_recovers_from_a_sudden_slowdown_kg_does_not(tmp_path: Path) -> None
     df = pd.read_csv(out / "recovery.csv").set_index("scheme")
     assert df.loc["acg", "before"] > 0.9 and df.loc["kg", "before"] < df.loc["acg", "before"]
     assert df.loc["acg", "recovery_s"] == df.loc["acg", "recovery_s"]  # a number
-    # 0: its 2 s mean never fell below 0.9 (the slowed worker is seen within
-    # one of its calls, LoadMeter.change_seen's steady rule)
+    # 0 only if its 2 s mean never fell below 0.9 (the slowed worker is seen
+    # within one of its calls, LoadMeter.change_seen's steady rule)
     assert 0 <= df.loc["acg", "recovery_s"] < 10
+    assert df.loc["acg", "recovery_s"] > 0 or df.loc["acg", "dip"] >= 0.9
     assert np.isnan(df.loc["kg", "recovery_s"])  # never
     assert df.loc["kg", "level"] < 0.5 < df.loc["acg", "level"]
     md = (out / "recovery.md").read_text()

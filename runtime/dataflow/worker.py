@@ -86,7 +86,7 @@ PROBE_BUSY_S = 0.05
 #: latest report's rate is steady: its windows then count with
 #: ``STEADY_BUSY_S`` of work when beyond ``STEADY_JUMP`` (two in a row, as any
 #: change). A worker sped up 5x at 80% load is ~16% busy, too idle for
-#: ``PROBE_BUSY_S``: without this its speed-up waited for a report (~0.4 s,
+#: ``PROBE_BUSY_S``: without this its speed-up waited for a report (~0.6 s,
 #: its backlog building on the workers it should relieve). A rate that swings
 #: (no emulated work; a duty-cycled worker at partial load) is never steady,
 #: and is judged as before. A steady worker's window of at least
