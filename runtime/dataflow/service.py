@@ -20,7 +20,9 @@ process's stopped seconds), exactly; otherwise it is guessed as any time
 beyond what was requested that exceeds the normal sleep overshoot
 (``tolerance_s``) - which also takes a late wake-up (another thread holding
 the GIL, a busy CPU) for a stop: measured here, up to 9% of an unthrottled
-worker's time in a busy actor, hence the published clock.
+worker's time in a busy actor, hence the published clock. A ``service``
+throttle stops nothing, so its workers pass a clock that never moves: a
+late wake-up is paid back like any overshoot (``WorkerCore``).
 (The part of a stop that falls inside the requested slice still counts as
 service: on average half a slice per stop, +0.005 of full rate at a 100 ms
 period - measured 0.111 for a 0.1 duty cycle.)

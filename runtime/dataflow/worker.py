@@ -517,8 +517,12 @@ class WorkerCore:
         self.clock = clock
         self.capacity = float(st.capacity)
         scale = self.capacity if st.throttle == "service" else 1.0
-        self.service = ServiceEmulator(st.service_us, scale, clock=clock, sleep=sleep,
-                                       stopped_clock=stopped_clock)
+        # ``service``: nothing ever stops this process, so a late wake-up (a
+        # busy CPU, the GIL) is paid back, not taken for a stop; the duty
+        # cycles say their stops (``stopped_clock``) or leave them to a guess
+        self.service = ServiceEmulator(
+            st.service_us, scale, clock=clock, sleep=sleep,
+            stopped_clock=_never_stopped if st.throttle == "service" else stopped_clock)
         self.queue_batches = int(st.queue_batches)
         self._queue: queue.Queue[QueuedCall | None] = queue.Queue(maxsize=self.queue_batches)
         #: why the processing thread died, if it did (then every batch fails fast)
@@ -868,6 +872,11 @@ class WorkerCore:
             queue_capacity_batches=self.load.queue_capacity,
             series=series,
         )
+
+
+def _never_stopped() -> float:
+    """The stopped seconds of a process that nothing stops (``throttle: service``)."""
+    return 0.0
 
 
 def _new_only(part: Part, claims: ClaimLog) -> Part:

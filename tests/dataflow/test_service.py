@@ -118,3 +118,39 @@ def test_bad_arguments() -> None:
         ServiceEmulator(-1)
     with pytest.raises(ValueError, match="capacity_scale"):
         ServiceEmulator(1, capacity_scale=0)
+
+
+@pytest.mark.parametrize("throttle", ["service", "cpulimit"])
+def test_a_service_throttled_worker_pays_late_wake_ups_back(throttle: str) -> None:
+    """Nothing stops a ``throttle: service`` worker's process, so its
+    emulator takes no late wake-up for a stop: on a busy machine (every 1 ms
+    slice wakes 2 ms late) it still serves at its capacity's rate. An
+    external ``cpulimit`` publishes no stopped time, so its emulator must
+    guess, and loses those wake-ups."""
+    import pyarrow as pa
+
+    from runtime.dataflow.reliability import Part
+    from runtime.dataflow.settings import WorkerSettings
+    from runtime.dataflow.worker import WorkerCore
+    from runtime.hashing import hash_arrow
+    from runtime.operators import WorkerApp, builtin_operator
+
+    ft = FakeTime(T0, overshoot_s=2e-3)
+    w = WorkerCore(0, WorkerApp(builtin_operator("wordcount")),
+                   WorkerSettings(service_us=200.0, capacity=0.5 if throttle == "service" else 1.0,
+                                  throttle=throttle),
+                   clock=ft.clock, sleep=ft.sleep, t0=ft.t)
+    keys = pa.array([f"k{i % 7}" for i in range(100)])
+    part = Part(None, pa.RecordBatch.from_arrays([keys], names=["key"]), hash_arrow(keys),
+                np.array([ft.t]))
+    t0 = ft.t
+    for _ in range(50):
+        w.enqueue(0, [part])
+        assert w.step(timeout=0)
+    rate = 5000 / (ft.t - t0)
+    if throttle == "service":  # 400 us a message at 0.5: 2,500 msgs/s
+        assert rate == pytest.approx(2500, rel=0.01)
+        assert w.service.stopped_s == 0
+    else:  # every slice's 2 ms taken for a stop: a third of 5,000 msgs/s
+        assert rate == pytest.approx(5000 / 3, rel=0.03)
+        assert w.service.stopped_s > 0
