@@ -3,10 +3,16 @@
 from __future__ import annotations
 
 import numpy as np
+import pyarrow as pa
 import pytest
 from conftest import FakeTime
 
+from runtime.dataflow.reliability import Part
 from runtime.dataflow.service import ServiceEmulator
+from runtime.dataflow.settings import WorkerSettings
+from runtime.dataflow.worker import WorkerCore
+from runtime.hashing import hash_arrow
+from runtime.operators import WorkerApp, builtin_operator
 
 T0 = 100.0  # the fake clock's start
 
@@ -127,14 +133,6 @@ def test_a_service_throttled_worker_pays_late_wake_ups_back(throttle: str) -> No
     slice wakes 2 ms late) it still serves at its capacity's rate. An
     external ``cpulimit`` publishes no stopped time, so its emulator must
     guess, and loses those wake-ups."""
-    import pyarrow as pa
-
-    from runtime.dataflow.reliability import Part
-    from runtime.dataflow.settings import WorkerSettings
-    from runtime.dataflow.worker import WorkerCore
-    from runtime.hashing import hash_arrow
-    from runtime.operators import WorkerApp, builtin_operator
-
     ft = FakeTime(T0, overshoot_s=2e-3)
     w = WorkerCore(0, WorkerApp(builtin_operator("wordcount")),
                    WorkerSettings(service_us=200.0, capacity=0.5 if throttle == "service" else 1.0,
